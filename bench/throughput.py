@@ -1,0 +1,1059 @@
+"""Throughput of the costline worker against its own ceilings, measured in one run.
+
+    .venv/bin/python bench/throughput.py [--events N] [--tagsets N] [--partitions N] [--json]
+                                         [--profile py-spy|pyinstrument]
+
+One data set of usage events (realistic shapes, Zipf-popular tag sets, timestamps over the
+last two days) is generated once and produced twice with kafka-python before anything is
+timed: once as single-event messages and once as batch messages of ``--batch-size`` events.
+Both copies put the same events in the same partitions in the same order (a message's
+partition follows its job tag), so Redis ends up with the same state either way.
+
+Then, for each copy, three consumers read the same topic, each in a fresh subprocess, one
+after the other, timed from the first fetched message to the last one handled:
+
+(a) ceiling: a plain aiokafka consumer calling ``rules.events.parse_message`` on every message;
+(b) Faust no-op: ``streams.app.build_app`` with the aggregator's ``handle`` replaced by a
+    no-op, so the Faust settings and the agent (``take_events``) are the worker's own;
+(c) costline: the real worker (``build_app``), done when every partition's Redis watermark
+    ``{ns:usage:P}:wm`` reaches the topic's end offset.
+
+It prints events/s, the ratios c/a and c/b, the worker's peak RSS (VmHWM), Redis memory of
+the namespace per distinct tag set, and checks that Redis's total equals the generator's
+(``PriceBook.charge``, to the micro-unit). ``--profile`` adds a pass of the batched worker
+under a sampling profiler (not part of the table) and prints its hotspots.
+
+Every run uses its own namespace ``bench<hex>`` and deletes its topics, consumer groups and
+Redis keys when it ends. Progress goes to stderr; the table (or ``--json``) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+DEFAULT_REDIS = "redis://127.0.0.1:16379/0"
+DAY_S = 86400
+
+# resource type -> unit; checked against the price book at start.
+RESOURCES = {
+    "gpu.h100": "gpu_hour",
+    "storage.ssd": "gb_hour",
+    "network.egress": "gb",
+    "logs.ingest": "gb",
+}
+# Probability that a job meters each resource type (a job meters at least one).
+METER_ODDS = {"gpu.h100": 0.9, "storage.ssd": 0.7, "network.egress": 0.5, "logs.ingest": 0.6}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def vm_status(pid: int | str = "self") -> dict[str, int]:
+    """VmHWM / VmRSS of a process in KiB (empty if it is gone)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(("VmHWM:", "VmRSS:")):
+                    key, value = line.split(":", 1)
+                    out[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def cpu_jiffies() -> list[int]:
+    """The machine's aggregate CPU counters (``cpu`` line of /proc/stat)."""
+    with open("/proc/stat") as fh:
+        return [int(x) for x in fh.readline().split()[1:]]
+
+
+def machine_load(start: tuple[list[int], float], redis_url: str) -> dict[str, float]:
+    """Share of the machine's CPUs that were busy (and stolen) since ``start``, the load
+    average, and the Redis server's CPU seconds: other work on the machine shows here."""
+    before, redis_before = start
+    after = cpu_jiffies()
+    delta = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(delta[:8]) or 1  # user nice system idle iowait irq softirq steal
+    idle = delta[3] + delta[4]
+    return {"busy_pct": 100 * (total - idle) / total, "steal_pct": 100 * delta[7] / total,
+            "loadavg_1m": os.getloadavg()[0],
+            "redis_cpu_s": redis_info(redis_url)["cpu_s"] - redis_before}
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+# ======================================================================================
+# The data set
+# ======================================================================================
+
+
+@dataclass
+class Meter:
+    """One tag set: a job's use of one resource type."""
+
+    tags: dict[str, str]
+    resource_type: str
+    unit: str
+    nodes: int
+    size: float  # GPUs per node, or GB of a volume
+
+
+@dataclass
+class DataSet:
+    events: int
+    tagsets: int
+    partitions: int
+    zipf_s: float
+    # per partition, the JSON bytes of each event, in order
+    parts: list[list[bytes]]
+    expected_cost_micro: int
+    # The single-event case uses the first ``single_events`` events (a prefix of every
+    # partition): the Faust path costs too much per message to take all of them in 10 minutes.
+    single_events: int = 0
+    single_counts: list[int] = field(default_factory=list)
+    expected_single_micro: int = 0
+    by_resource: Counter = field(default_factory=Counter)
+    top_share: float = 0.0  # share of events in the 1% most popular tag sets
+    ts_min: float = 0.0
+    ts_max: float = 0.0
+    generate_s: float = 0.0
+
+    def singles(self) -> list[list[bytes]]:
+        return [p[:n] for p, n in zip(self.parts, self.single_counts, strict=True)]
+
+    def batches(self, size: int) -> list[list[bytes]]:
+        return [[b"[" + b",".join(p[i:i + size]) + b"]" for i in range(0, len(p), size)]
+                for p in self.parts]
+
+
+def build_meters(rng: random.Random, count: int) -> list[Meter]:
+    """``count`` distinct tag sets: jobs of projects of teams, each metering 1-4 resources."""
+    n_projects, n_teams, n_owners = 400, 40, 1500
+    teams = [f"team-{i:02d}" for i in range(n_teams)]
+    projects = [f"proj-{i:03d}" for i in range(n_projects)]
+    project_team = {p: rng.choice(teams) for p in projects}
+    owners = [f"user{i:04d}" for i in range(n_owners)]
+    # Popular projects and owners have many jobs (Zipf), so a few own most tag sets.
+    proj_cw = list(itertools.accumulate(1 / (r + 1) ** 1.1 for r in range(n_projects)))
+    owner_cw = list(itertools.accumulate(1 / (r + 1) ** 1.1 for r in range(n_owners)))
+    envs, env_w = ("prod", "staging", "dev"), (0.55, 0.15, 0.30)
+    meters: list[Meter] = []
+    job_no: Counter = Counter()
+    while len(meters) < count:
+        project = rng.choices(projects, cum_weights=proj_cw)[0]
+        job_no[project] += 1
+        tags = {
+            "project": project,
+            "team": project_team[project],
+            "env": rng.choices(envs, env_w)[0],
+            "job": f"{project}-run-{job_no[project]:05d}",
+            "owner": rng.choices(owners, cum_weights=owner_cw)[0],
+        }
+        kinds = [rt for rt, odds in METER_ODDS.items() if rng.random() < odds] or ["gpu.h100"]
+        nodes = rng.choice((1, 1, 2, 4, 8, 16, 32, 64))
+        for rt in kinds:
+            if len(meters) >= count:
+                break
+            size = (rng.choice((1, 2, 4, 8, 8, 8)) if rt == "gpu.h100"
+                    else round(rng.lognormvariate(7.5, 1.2), 1))
+            meters.append(Meter(tags, rt, RESOURCES[rt], nodes, size))
+    rng.shuffle(meters)  # popularity rank is independent of the job's place in the catalogue
+    return meters
+
+
+def quantity(rng: random.Random, meter: Meter) -> float:
+    """What a collector reports for one interval of up to 5 minutes."""
+    rt = meter.resource_type
+    if rt == "gpu.h100":
+        return round(meter.size * rng.randint(30, 300) / 3600, 6)
+    if rt == "storage.ssd":
+        return round(meter.size * 300 / 3600, 4)
+    if rt == "network.egress":
+        return round(rng.lognormvariate(0.0, 1.5), 6)
+    return round(rng.lognormvariate(-3.0, 1.0), 6)  # logs.ingest
+
+
+def generate(events: int, tagsets: int, partitions: int, zipf_s: float, seed: int,
+             run_id: str, single_events: int | None = None) -> DataSet:
+    from rules.events import UsageEvent
+    from rules.prices import PriceBook
+    from streams.settings import DEFAULT_PRICES
+
+    started = time.perf_counter()
+    book = PriceBook.load(DEFAULT_PRICES)
+    for rt, unit in RESOURCES.items():
+        assert book.price_of(rt).unit == unit, f"{rt} is not priced per {unit}"
+    rng = random.Random(seed)
+    if tagsets > events:
+        log(f"--tagsets {tagsets} > --events {events}: at most {events} tag sets can occur")
+        tagsets = events
+    meters = build_meters(rng, tagsets)
+    # Every tag set occurs at least once (so exactly ``tagsets`` distinct ones occur); the
+    # rest of the events pick a tag set with Zipf popularity (rank r has weight 1/r^s).
+    cw = list(itertools.accumulate(1 / (r + 1) ** zipf_s for r in range(tagsets)))
+    order = list(range(tagsets)) + rng.choices(range(tagsets), cum_weights=cw,
+                                               k=events - tagsets)
+    rng.shuffle(order)
+    popularity = Counter(order)
+    top = max(1, tagsets // 100)
+    top_share = sum(c for _, c in popularity.most_common(top)) / events
+
+    now = time.time()
+    # Event time advances through the data set over the last two days, with a few minutes
+    # of disorder (collectors are late by different amounts); never in the future.
+    t0, span = now - 2 * DAY_S + 600, 2 * DAY_S - 900
+    parts: list[list[bytes]] = [[] for _ in range(partitions)]
+    part_of: dict[str, int] = {}
+    expected = expected_single = 0
+    single_n = events if not single_events else min(events, single_events)
+    single_counts = [0] * partitions
+    by_resource: Counter = Counter()
+    ts_min, ts_max = float("inf"), 0.0
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    construct = UsageEvent.model_construct
+    charge = book.charge
+    step = max(1, events // 10)
+    for i, m in enumerate(order):
+        meter = meters[m]
+        base = t0 + span * i / events - rng.uniform(0, 300)
+        if rng.random() < 0.2:  # some producers send RFC 3339, most Unix seconds
+            ts: Any = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(base)) + "Z"
+            unix = float(int(base))
+        else:
+            ts = unix = round(base, 3)
+        ts_min, ts_max = min(ts_min, unix), max(ts_max, unix)
+        q = quantity(rng, meter)
+        job = meter.tags["job"]
+        rid = f"{job}/node-{rng.randrange(meter.nodes)}"
+        if meter.resource_type != "gpu.h100":
+            rid = f"{job}/{meter.resource_type}"
+        event = {
+            "event_id": f"{run_id}-{i:09d}-{rng.getrandbits(32):08x}",
+            "kind": "usage",
+            "ts": ts,
+            "resource_id": rid,
+            "resource_type": meter.resource_type,
+            "quantity": q,
+            "unit": meter.unit,
+            "tags": meter.tags,
+        }
+        cost = charge(construct(**event)).cost_micro
+        expected += cost
+        by_resource[meter.resource_type] += 1
+        p = part_of.get(job)
+        if p is None:
+            p = part_of[job] = zlib.crc32(job.encode()) % partitions
+        parts[p].append(dumps(event).encode())
+        if i < single_n:
+            expected_single += cost
+            single_counts[p] += 1
+        if (i + 1) % step == 0:
+            log(f"generated {i + 1:,}/{events:,} events")
+    assert ts_max <= time.time(), "an event is in the future"
+    return DataSet(events, tagsets, partitions, zipf_s, parts, expected, single_n,
+                   single_counts, expected_single, by_resource, top_share, ts_min, ts_max,
+                   time.perf_counter() - started)
+
+
+# ======================================================================================
+# Kafka and Redis plumbing
+# ======================================================================================
+
+
+def produce(bootstrap: str, topic: str, parts: list[list[bytes]], label: str) -> dict[str, Any]:
+    from connectors.kafka import best_compression, producer
+
+    total = sum(len(p) for p in parts)
+    prod = producer(bootstrap, client_id="costline-bench")
+    started = time.perf_counter()
+    sent, last_log = 0, started
+    # Interleave partitions (chunks of 200) as a fleet of collectors would.
+    for start in range(0, max(len(p) for p in parts), 200):
+        for partition, values in enumerate(parts):
+            for value in values[start:start + 200]:
+                prod.send(topic, value=value, partition=partition)
+                sent += 1
+        if time.perf_counter() - last_log > 5:
+            last_log = time.perf_counter()
+            log(f"producing {label}: {sent:,}/{total:,} messages")
+    prod.flush()
+    prod.close()
+    took = time.perf_counter() - started
+    log(f"produced {label}: {total:,} messages in {took:.1f}s ({total / took:,.0f} msg/s)")
+    return {"messages": total, "seconds": took, "codec": best_compression(),
+            "bytes": sum(len(v) for p in parts for v in p)}
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def redis_keys(r: Any, ns: str) -> list[bytes]:
+    keys: list[bytes] = []
+    for pattern in (f"{{{ns}:*", f"{ns}:*"):
+        keys.extend(r.scan_iter(match=pattern, count=2000))
+    return keys
+
+
+def delete_namespace(bootstrap: str, redis_url: str, namespaces: list[str]) -> None:
+    from redis import Redis
+
+    r = Redis.from_url(redis_url)
+    deleted = 0
+    for ns in namespaces:
+        keys = redis_keys(r, ns)
+        for i in range(0, len(keys), 1000):
+            deleted += r.unlink(*keys[i:i + 1000])
+    r.close()
+    try:
+        from connectors.kafka import admin
+
+        client = admin(bootstrap)
+        try:
+            topics = [t for t in client.list_topics()
+                      if any(t.startswith((f"{ns}.", f"{ns}-")) for ns in namespaces)]
+            if topics:
+                client.delete_topics(topics)
+            groups = [g["group_id"] for g in client.list_groups()
+                      if any(g["group_id"].startswith(f"{ns}-") for ns in namespaces)]
+            if groups:
+                try:
+                    client.delete_groups(groups)
+                except Exception as exc:  # noqa: BLE001 - a group still closing: best effort
+                    log(f"could not delete consumer groups {groups}: {exc}")
+        finally:
+            client.close()
+        log(f"cleanup: unlinked {deleted} Redis keys, deleted topics {sorted(topics)}, "
+            f"groups {groups}")
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the results
+        log(f"cleanup of Kafka failed: {exc}")
+
+
+def namespace_memory(redis_url: str, ns: str) -> dict[str, Any]:
+    """MEMORY USAGE (exact, SAMPLES 0) of every key of the namespace, by kind of key."""
+    from redis import Redis
+
+    r = Redis.from_url(redis_url)
+    keys = redis_keys(r, ns)
+    by_kind: Counter = Counter()
+    count: Counter = Counter()
+    for i in range(0, len(keys), 500):
+        chunk = keys[i:i + 500]
+        pipe = r.pipeline(transaction=False)
+        for key in chunk:
+            pipe.memory_usage(key, samples=0)
+        for key, used in zip(chunk, pipe.execute(), strict=True):
+            text = key.decode()
+            kind = ("dedup" if ":seen:" in text else "buckets" if ":b:" in text
+                    else "tagsets" if text.endswith((":tagsets", ":first")) else "other")
+            by_kind[kind] += used or 0
+            count[kind] += 1
+    tagsets = sum(r.hlen(k) for k in keys if k.endswith(b":tagsets"))
+    seen = sum(r.scard(k) for k in keys if b":seen:" in k)
+    r.close()
+    return {"keys": len(keys), "bytes": sum(by_kind.values()), "by_kind": dict(by_kind),
+            "keys_by_kind": dict(count), "tagsets": tagsets, "dedup_members": seen}
+
+
+def redis_info(redis_url: str) -> dict[str, Any]:
+    from redis import Redis
+
+    r = Redis.from_url(redis_url)
+    mem = r.info("memory")
+    cpu = r.info("cpu")
+    stats = r.info("commandstats")
+    r.close()
+    ev = stats.get("cmdstat_evalsha", {})
+    return {"used_memory": mem["used_memory"],
+            "cpu_s": cpu["used_cpu_user"] + cpu["used_cpu_sys"],
+            "evalsha_calls": ev.get("calls", 0), "evalsha_usec": ev.get("usec", 0)}
+
+
+def redis_total(redis_url: str, ns: str, ts_min: float, ts_max: float) -> int:
+    from redis import Redis
+
+    from connectors.redis_state import RedisState
+
+    r = Redis.from_url(redis_url)
+    try:
+        totals = RedisState(r, ns, "UTC").totals("cost", {}, [], ts_min - DAY_S, ts_max + 3600)
+    finally:
+        r.close()
+    return sum(totals.values())
+
+
+def watermarks(r: Any, ns: str, partitions: int) -> list[int]:
+    from connectors.redis_keys import slot_tag, wm_key
+
+    raw = r.mget([wm_key(slot_tag(ns, "usage", p)) for p in range(partitions)])
+    return [-1 if v is None else int(v) for v in raw]
+
+
+# ======================================================================================
+# The consumers (each runs in its own subprocess: ``--role``)
+# ======================================================================================
+
+
+class Probe:
+    """First fetched message → last handled message, wall and CPU time, in the child."""
+
+    def __init__(self, out: str, ends: dict[int, int], profile: str | None = None,
+                 profile_out: str | None = None) -> None:
+        self.out = out
+        self.ends = ends
+        self.missing = {p for p, end in ends.items() if end > 0}
+        self.last: dict[int, int] = {}
+        self.t_first: float | None = None
+        self.cpu_first = 0.0
+        self.messages = 0
+        self.calls = 0
+        self.events = 0
+        self.rejected = 0
+        self.done = False
+        self.t_first_handle: float | None = None
+        self.in_handle = 0.0
+        self.profile, self.profile_out, self.profiler = profile, profile_out, None
+
+    def first(self) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+            self.cpu_first = time.process_time()
+            write_json(self.out + ".first", {"t": time.time()})
+            if self.profile == "pyinstrument":
+                from pyinstrument import Profiler
+
+                self.profiler = Profiler(interval=0.001, async_mode="disabled")
+                self.profiler.start()
+
+    def saw(self, partition: int, offset: int) -> None:
+        if offset >= self.ends.get(partition, 0) - 1:
+            self.missing.discard(partition)
+
+    def finish(self) -> None:
+        if self.done or self.missing:
+            return
+        self.done = True
+        t_last, cpu_last = time.perf_counter(), time.process_time()
+        if self.profiler is not None:
+            self.profiler.stop()
+            assert self.profile_out
+            Path(self.profile_out + ".txt").write_text(
+                self.profiler.output_text(unicode=False, color=False, show_all=False))
+            Path(self.profile_out + ".html").write_text(self.profiler.output_html())
+        assert self.t_first is not None
+        write_json(self.out, {
+            "elapsed_s": t_last - self.t_first, "cpu_s": cpu_last - self.cpu_first,
+            "messages": self.messages, "events": self.events, "rejected": self.rejected,
+            "calls": self.calls, "t_done": time.time(), "in_handle_s": self.in_handle,
+            "first_handle_after_s": (None if self.t_first_handle is None
+                                     else self.t_first_handle - self.t_first),
+            **vm_status(),
+        })
+
+
+async def ceiling(a: argparse.Namespace, probe: Probe) -> None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from rules.events import Rejection, parse_message
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=a.bootstrap, enable_auto_commit=False,
+                                group_id=None, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(a.topic, p) for p in range(a.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        while not probe.done:
+            batch = await consumer.getmany(timeout_ms=1000)
+            for tp, records in batch.items():
+                if not records:
+                    continue
+                probe.first()
+                probe.calls += 1
+                for record in records:
+                    verdict = parse_message(record.value)
+                    if isinstance(verdict, Rejection):
+                        probe.rejected += 1
+                    else:
+                        probe.events += len(verdict.events)
+                probe.messages += len(records)
+                probe.saw(tp.partition, records[-1].offset)
+            probe.finish()
+    finally:
+        await consumer.stop()
+
+
+def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
+    import faust
+    from faust.transport import consumer as faust_consumer
+
+    from streams.settings import Settings
+
+    if noop:
+        # Same app, settings and agent as the worker, in its own consumer group.
+        base = faust.App
+
+        class NoopApp(base):  # type: ignore[misc, valid-type]
+            def __init__(self, id: str, **kwargs: Any) -> None:
+                super().__init__(f"{id}-noop", **kwargs)
+
+        faust.App = NoopApp  # build_app calls faust.App(...)
+
+    # The first fetched message: one check per fetch, not per message.
+    wait_next = faust_consumer.Consumer._wait_next_records
+
+    async def _wait_next_records(self: Any, timeout: float) -> Any:
+        records, active = await wait_next(self, timeout)
+        if records and probe.t_first is None and any(records.values()):
+            probe.first()
+        return records, active
+
+    faust_consumer.Consumer._wait_next_records = _wait_next_records
+
+    from streams.app import build_app
+
+    settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=a.ns,
+                        web_port=a.port, partitions=a.partitions)
+    app, aggregator = build_app(settings)
+    real_handle = aggregator.handle
+    usage = settings.topic("usage")
+
+    async def handle(messages: list[Any]) -> None:
+        started = time.perf_counter()
+        if probe.t_first_handle is None:
+            probe.t_first_handle = started
+        if not noop:
+            await real_handle(messages)
+        probe.in_handle += time.perf_counter() - started
+        probe.calls += 1
+        probe.messages += len(messages)
+        last: dict[int, int] = {}
+        for m in messages:
+            if m.topic == usage:
+                last[m.partition] = m.offset
+        for p, off in last.items():
+            probe.saw(p, off)
+        probe.finish()
+
+    aggregator.handle = handle  # type: ignore[method-assign]
+    if noop:
+        async def on_assigned(tps: Any) -> dict[Any, int]:
+            return {}  # no Redis: start where Kafka says (earliest)
+
+        aggregator.on_assigned = on_assigned  # type: ignore[method-assign]
+    faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+
+
+def child_main(a: argparse.Namespace) -> None:
+    ends = {int(p): int(o) for p, o in json.loads(a.ends).items()}
+    probe = Probe(a.out, ends, a.child_profile, a.profile_out)
+    if a.role == "ceiling":
+        asyncio.run(ceiling(a, probe))
+    else:
+        run_faust(a, probe, noop=a.role == "noop")
+
+
+# ======================================================================================
+# The parent: run each consumer, watch it, collect figures
+# ======================================================================================
+
+
+@dataclass
+class Child:
+    proc: subprocess.Popen[bytes]
+    out: str
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+
+    def tail(self) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-25:])
+        except OSError:
+            return ""
+
+
+class Bench:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.run_id = "bench" + secrets.token_hex(3)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"costline-{self.run_id}-"))
+        self.children: list[Child] = []
+        self.namespaces: list[str] = []
+
+    def spawn(self, role: str, ns: str, topic: str, ends: dict[int, int], tag: str,
+              profile: str | None = None) -> Child:
+        out = str(self.dir / f"{tag}.json")
+        log_path = self.dir / f"{tag}.log"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--ns", ns,
+               "--topic", topic, "--partitions", str(self.a.partitions),
+               "--ends", json.dumps(ends), "--out", out, "--port", str(free_port()),
+               "--bootstrap", self.a.bootstrap, "--redis-url", self.a.redis_url]
+        if profile == "pyinstrument":
+            cmd += ["--child-profile", "pyinstrument", "--profile-out", str(self.dir / tag)]
+        with log_path.open("wb") as fh:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        child = Child(proc, out, log_path)
+        self.children.append(child)
+        return child
+
+    def wait(self, child: Child, label: str, total_msgs: int,
+             progress: Any = None, hook: Any = None) -> dict[str, Any]:
+        started, last_log = time.perf_counter(), time.perf_counter()
+        hooked = False
+        machine0: tuple[list[int], float] | None = None
+        while True:
+            if not hooked and os.path.exists(child.out + ".first"):
+                hooked = True
+                machine0 = (cpu_jiffies(), redis_info(self.a.redis_url)["cpu_s"])
+                if hook is not None:
+                    hook()
+            if os.path.exists(child.out) and (progress is None or progress()[0] >= total_msgs):
+                result = json.loads(Path(child.out).read_text())
+                if machine0 is not None:
+                    result["machine"] = machine_load(machine0, self.a.redis_url)
+                return result
+            if not child.alive():
+                raise RuntimeError(f"{label} exited with {child.proc.returncode}:\n{child.tail()}")
+            if time.perf_counter() - started > self.a.timeout:
+                raise RuntimeError(f"{label} did not finish in {self.a.timeout}s:\n{child.tail()}")
+            if time.perf_counter() - last_log > 10:
+                last_log = time.perf_counter()
+                extra = ""
+                if progress is not None:
+                    done, note = progress()
+                    extra = f": {done:,}/{total_msgs:,} messages applied {note}"
+                log(f"{label} running {time.perf_counter() - started:.0f}s{extra}")
+            time.sleep(0.05)
+
+    # -- the three consumers -------------------------------------------------------
+
+    def run_ceiling(self, ns: str, topic: str, ends: dict[int, int], tag: str) -> dict[str, Any]:
+        label = f"(a) ceiling [{tag}]"
+        log(f"{label}: plain aiokafka consumer + parse_message")
+        child = self.spawn("ceiling", ns, topic, ends, f"ceiling-{tag}")
+        try:
+            return self.wait(child, label, sum(ends.values()))
+        finally:
+            child.stop()
+
+    def run_noop(self, ns: str, topic: str, ends: dict[int, int], tag: str) -> dict[str, Any]:
+        label = f"(b) Faust no-op [{tag}]"
+        log(f"{label}: build_app with a no-op handle")
+        child = self.spawn("noop", ns, topic, ends, f"noop-{tag}")
+        try:
+            return self.wait(child, label, sum(ends.values()))
+        finally:
+            child.stop()
+
+    def run_worker(self, ns: str, topic: str, ends: dict[int, int], tag: str,
+                   profile: str | None = None) -> dict[str, Any]:
+        from redis import Redis
+
+        label = f"(c) costline worker [{tag}]" + (f" under {profile}" if profile else "")
+        log(f"{label}: streams.app.build_app, done when Redis watermarks reach the end offsets")
+        r = Redis.from_url(self.a.redis_url)
+        before = redis_info(self.a.redis_url)
+        total = sum(ends.values())
+        child = self.spawn("worker", ns, topic, ends, f"worker-{tag}",
+                           profile if profile == "pyinstrument" else None)
+        spy: subprocess.Popen[bytes] | None = None
+        spy_out = self.dir / f"pyspy-{tag}.txt"
+
+        def progress() -> tuple[int, str]:
+            wms = watermarks(r, ns, self.a.partitions)
+            return sum(w + 1 for w in wms), f"(watermarks {wms})"
+
+        def attach() -> None:
+            nonlocal spy
+            if profile == "py-spy":
+                spy = subprocess.Popen(
+                    [str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
+                     str(child.proc.pid), "--format", "raw", "--function", "--rate", "200",
+                     "--output", str(spy_out)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        try:
+            result = self.wait(child, label, total, progress, attach)
+            result["t_wm_done"] = time.time()
+            # The parent's view: VmHWM of the worker process itself.
+            result.update({f"parent_{k}": v for k, v in vm_status(child.proc.pid).items()})
+            after = redis_info(self.a.redis_url)
+            result["redis"] = {k: after[k] - before[k] for k in after}
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
+                result["pyspy"] = str(spy_out)
+            return result
+        finally:
+            child.stop()
+            if spy is not None and spy.poll() is None:
+                spy.kill()
+            r.close()
+
+    # -- the whole run --------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        from streams.settings import Settings
+        from streams.topics import create_topics
+
+        a = self.a
+        log(f"run {self.run_id}: {a.events:,} events, {a.tagsets:,} tag sets, "
+            f"{a.partitions} partitions, batches of {a.batch_size}; files in {self.dir}")
+        load_start = os.getloadavg()
+        data = generate(a.events, a.tagsets, a.partitions, a.zipf, a.seed, self.run_id,
+                        a.single_events)
+        log(f"generated in {data.generate_s:.1f}s; expected total {data.expected_cost_micro:,} "
+            f"micro-units; top 1% of tag sets hold {data.top_share:.0%} of events")
+        cases = {
+            "single": (data.singles(), data.single_events, data.expected_single_micro),
+            "batched": (data.batches(a.batch_size), a.events, data.expected_cost_micro),
+        }
+        report: dict[str, Any] = {
+            "run_id": self.run_id, "events": a.events, "tagsets": data.tagsets,
+            "partitions": a.partitions, "batch_size": a.batch_size, "zipf_s": a.zipf,
+            "seed": a.seed, "loadavg_start": load_start, "cpus": os.cpu_count(),
+            "events_by_resource": dict(data.by_resource), "top1pct_share": data.top_share,
+            "expected_cost_micro": data.expected_cost_micro, "generate_s": data.generate_s,
+            "single_events": data.single_events, "cases": {},
+        }
+        topics: dict[str, tuple[str, str, dict[int, int]]] = {}
+        for case, (parts, n_events, expected) in cases.items():
+            ns = f"{self.run_id}{case[0]}"
+            self.namespaces.append(ns)
+            settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url,
+                                namespace=ns, partitions=a.partitions)
+            create_topics(settings)
+            topic = settings.topic("usage")
+            produced = produce(a.bootstrap, topic, parts, case)
+            ends = end_offsets(a.bootstrap, topic, a.partitions)
+            assert sum(ends.values()) == produced["messages"], (ends, produced)
+            topics[case] = (ns, topic, ends)
+            report["cases"][case] = {"events": n_events, "expected_cost_micro": expected,
+                                     "messages": produced["messages"], "produce": produced,
+                                     "namespace": ns, "topic": topic}
+        del cases, parts, data.parts
+        for case, (ns, topic, ends) in topics.items():
+            entry = report["cases"][case]
+            n_events, expected = entry["events"], entry["expected_cost_micro"]
+            entry["a"] = self.run_ceiling(ns, topic, ends, case)
+            if entry["a"]["events"] != n_events or entry["a"]["rejected"]:
+                raise RuntimeError(f"ceiling parsed {entry['a']['events']} events, "
+                                   f"{entry['a']['rejected']} rejected: the data set is bad")
+            entry["b"] = self.run_noop(ns, topic, ends, case)
+            used_before = redis_info(a.redis_url)["used_memory"]
+            entry["c"] = self.run_worker(ns, topic, ends, case)
+            entry["redis_memory"] = namespace_memory(a.redis_url, ns)
+            entry["redis_memory"]["used_memory_delta"] = (
+                redis_info(a.redis_url)["used_memory"] - used_before)
+            total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
+            entry["total"] = {"redis": total, "expected": expected, "ok": total == expected}
+            dlq = end_offsets(a.bootstrap, f"{ns}.dlq.v1", 1)
+            entry["dead_letters"] = sum(dlq.values())
+            log(f"[{case}] total check: redis {total:,} vs expected "
+                f"{expected:,} -> {'OK' if entry['total']['ok'] else 'MISMATCH'}")
+            for k in ("a", "b", "c"):
+                entry[k]["events_per_s"] = n_events / entry[k]["elapsed_s"]
+                entry[k]["messages_per_s"] = entry["messages"] / entry[k]["elapsed_s"]
+                entry[k]["cpu_us_per_event"] = 1e6 * entry[k]["cpu_s"] / n_events
+            entry["c_over_a"] = entry["c"]["events_per_s"] / entry["a"]["events_per_s"]
+            entry["c_over_b"] = entry["c"]["events_per_s"] / entry["b"]["events_per_s"]
+            log(f"[{case}] a {entry['a']['events_per_s']:,.0f} ev/s, b "
+                f"{entry['b']['events_per_s']:,.0f} ev/s, c {entry['c']['events_per_s']:,.0f} ev/s")
+        if a.profile:
+            ns, topic, ends = topics["batched"]
+            log(f"profiling the batched worker with {a.profile} (fresh Redis state, same topic)")
+            delete_redis_only(a.redis_url, ns)
+            prof = self.run_worker(ns, topic, ends, "batched-profiled", a.profile)
+            prof["events_per_s"] = a.events / prof["elapsed_s"]
+            total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
+            prof["total_ok"] = total == data.expected_cost_micro
+            if a.profile == "py-spy" and prof.get("pyspy"):
+                prof["hotspots"] = summarize_collapsed(Path(prof["pyspy"]))
+            else:
+                prof["text"] = str(self.dir / "worker-batched-profiled.txt")
+            report["profile"] = prof
+        report["files"] = str(self.dir)
+        return report
+
+    def cleanup(self) -> None:
+        for child in self.children:
+            child.stop()
+        if self.namespaces and not self.a.keep:
+            delete_namespace(self.a.bootstrap, self.a.redis_url, self.namespaces)
+
+
+def delete_redis_only(redis_url: str, ns: str) -> None:
+    from redis import Redis
+
+    r = Redis.from_url(redis_url)
+    keys = redis_keys(r, ns)
+    for i in range(0, len(keys), 1000):
+        r.unlink(*keys[i:i + 1000])
+    r.close()
+
+
+# ======================================================================================
+# Profile summary (py-spy collapsed stacks) and the report
+# ======================================================================================
+
+
+IDLE_LEAVES = ("EpollSelector.select", "select (selectors.py", "_wait_for_tstate_lock",
+               "Condition.wait", "lock.acquire")
+
+
+def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
+    """Self and inclusive share of busy samples per function from py-spy's ``--format raw``.
+
+    Samples whose leaf is the event loop waiting in ``select`` (or a thread waiting on a
+    lock) are counted as idle and left out of the percentages.
+    """
+    self_c: Counter = Counter()
+    incl: Counter = Counter()
+    by_thread: Counter = Counter()
+    total = idle = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f for f in stack.split(";") if not f.startswith("process ")]
+        frames = [f for f in frames if not f.startswith("thread ")]
+        if not frames:
+            continue
+        total += n
+        if frames[-1].startswith(IDLE_LEAVES):
+            idle += n
+            continue
+        by_thread["consumer thread" if "Thread._bootstrap" in stack else "main"] += n
+        self_c[_short(frames[-1])] += n
+        for name in {_short(f) for f in frames}:
+            incl[name] += n
+    busy = total - idle
+    if not busy:
+        return {"samples": total, "busy": 0, "self": [], "inclusive": []}
+    return {
+        "samples": total, "busy": busy, "idle_pct": round(100 * idle / total, 1),
+        "threads": {k: round(100 * v / busy, 1) for k, v in by_thread.items()},
+        "self": [(name, round(100 * c / busy, 1)) for name, c in self_c.most_common(top)],
+        "inclusive": [(name, round(100 * c / busy, 1)) for name, c in incl.most_common(top * 3)],
+    }
+
+
+def _short(frame: str) -> str:
+    """``func (/path/site-packages/pkg/mod.py:12)`` → ``func (pkg/mod.py:12)``."""
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    for marker in ("site-packages/", str(REPO) + "/", "/lib/python3.11/", "/lib/python3"):
+        if marker in where:
+            where = where.split(marker, 1)[1]
+    return f"{name} ({where})" if where else name
+
+
+def print_table(rep: dict[str, Any]) -> None:
+    cases = rep["cases"]
+    names = [c for c in ("single", "batched") if c in cases]
+    head = {"single": "single-event msgs", "batched": f"{rep['batch_size']}-event batches"}
+    w = 38
+
+    def row(label: str, cells: list[str]) -> None:
+        print(f"{label:<{w}}" + "".join(f"{c:>22}" for c in cells))
+
+    def rule() -> None:
+        print("-" * (w + 22 * len(names)))
+
+    c0 = cases[names[0]]
+    print()
+    print(f"costline throughput, run {rep['run_id']}: {rep['events']:,} usage events, "
+          f"{rep['tagsets']:,} distinct tag sets (Zipf s={rep['zipf_s']}, top 1% of tag sets = "
+          f"{rep['top1pct_share']:.0%} of events), {rep['partitions']} partitions, "
+          f"{rep['cpus']} CPUs, Kafka codec {c0['produce']['codec']}")
+    if cases.get("single", {}).get("events", rep["events"]) != rep["events"]:
+        print(f"single-event case: the first {cases['single']['events']:,} events of the same "
+              "data set (a prefix of every partition); --single-events 0 takes all")
+    print("each consumer runs alone in a fresh process, timed from its first fetched message "
+          "to its last handled one")
+    print()
+    row("", [head[n] for n in names])
+    row("events", [f"{cases[n]['events']:,}" for n in names])
+    row("messages", [f"{cases[n]['messages']:,}" for n in names])
+    rule()
+    for key, label in (("a", "(a) ceiling: aiokafka + parse   ev/s"),
+                       ("b", "(b) Faust no-op agent           ev/s"),
+                       ("c", "(c) costline end to end         ev/s")):
+        e = [cases[n][key] for n in names]
+        row(label, [f"{x['events_per_s']:,.0f}" for x in e])
+        row("      messages/s", [f"{x['messages_per_s']:,.0f}" for x in e])
+        row("      elapsed s", [f"{x['elapsed_s']:.2f}" for x in e])
+        row("      CPU us/event (that process)", [f"{x['cpu_us_per_event']:.1f}" for x in e])
+        row("      that process's CPU % of wall",
+            [f"{100 * x['cpu_s'] / x['elapsed_s']:.0f}%" for x in e])
+        row("      machine busy % / steal % (2 CPUs)",
+            [f"{x['machine']['busy_pct']:.0f}% / {x['machine']['steal_pct']:.0f}%"
+             if "machine" in x else "-" for x in e])
+        row("      Redis server CPU s", [f"{x['machine']['redis_cpu_s']:.1f}"
+                                         if "machine" in x else "-" for x in e])
+    rule()
+    row("c/a", [f"{cases[n]['c_over_a']:.3f}" for n in names])
+    row("c/b", [f"{cases[n]['c_over_b']:.3f}" for n in names])
+    row("worker peak RSS (VmHWM)",
+        [f"{cases[n]['c'].get('parent_VmHWM', cases[n]['c'].get('VmHWM', 0)) / 1024:.0f} MiB"
+         for n in names])
+    row("worker time inside handle()",
+        [f"{100 * cases[n]['c']['in_handle_s'] / cases[n]['c']['elapsed_s']:.0f}%"
+         for n in names])
+    row("Redis EVALSHA s (all clients!)",
+        [f"{cases[n]['c']['redis']['evalsha_usec'] / 1e6:.1f}" for n in names])
+    row("distinct tag sets in Redis", [f"{cases[n]['redis_memory']['tagsets']:,}" for n in names])
+
+    def per_tagset(n: str, without_dedup: bool = False) -> str:
+        m = cases[n]["redis_memory"]
+        used = m["bytes"] - (m["by_kind"].get("dedup", 0) if without_dedup else 0)
+        return f"{used / max(1, m['tagsets']):,.0f}"
+
+    row("Redis bytes / tag set (all ns keys)", [per_tagset(n) for n in names])
+    row("  without dedup memory", [per_tagset(n, True) for n in names])
+    row("  dedup memory bytes / event",
+        [f"{cases[n]['redis_memory']['by_kind'].get('dedup', 0) / cases[n]['events']:.1f}"
+         for n in names])
+    row("namespace MiB (MEMORY USAGE)",
+        [f"{cases[n]['redis_memory']['bytes'] / 2**20:.1f}" for n in names])
+    row("  INFO used_memory delta MiB (noisy)",
+        [f"{cases[n]['redis_memory']['used_memory_delta'] / 2**20:.1f}" for n in names])
+    row("dead letters", [str(cases[n]["dead_letters"]) for n in names])
+    row("total check (Redis == generator)",
+        ["OK" if cases[n]["total"]["ok"] else "MISMATCH" for n in names])
+    for n in names:
+        t = cases[n]["total"]
+        print(f"  {n}: expected {t['expected']:,} micro-units, Redis {t['redis']:,}")
+    mem = cases[names[-1]]["redis_memory"]
+    print(f"Redis by key kind ({names[-1]}): "
+          + ", ".join(f"{k} {v / 2**20:.1f} MiB in {mem['keys_by_kind'][k]} keys"
+                      for k, v in sorted(mem["by_kind"].items())))
+    prof = rep.get("profile")
+    if prof:
+        print()
+        print(f"profile of the batched worker ({rep['profile_tool']}, separate pass): "
+              f"{prof['events_per_s']:,.0f} ev/s under the profiler, total "
+              f"{'OK' if prof['total_ok'] else 'MISMATCH'}")
+        spots = prof.get("hotspots")
+        if spots and spots.get("busy"):
+            print(f"{spots['samples']:,} samples, {spots['idle_pct']}% idle (event loop in "
+                  f"select); busy samples by thread: {spots['threads']}")
+            print("self time (% of busy samples):")
+            for name, pct in spots["self"][:20]:
+                print(f"  {pct:5.1f}%  {name}")
+            print("inclusive time (% of busy samples):")
+            for name, pct in spots["inclusive"][:45]:
+                print(f"  {pct:5.1f}%  {name}")
+        elif prof.get("text"):
+            print(f"pyinstrument report: {prof['text']} (and .html)")
+    print(f"\nfiles (logs, profiles): {rep['files']}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--tagsets", type=int, default=100_000)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=100, help="events per batch message")
+    p.add_argument("--single-events", type=int, default=100_000,
+                   help="events in the single-event case: the first N of the data set "
+                        "(0 = all; Faust's per-message cost makes all of 1M take ~15 min)")
+    p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of tag set popularity")
+    p.add_argument("--seed", type=int, default=20261130)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--profile", choices=("py-spy", "pyinstrument"),
+                   help="add a profiled pass of the batched worker (not in the table)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per consumer")
+    p.add_argument("--keep", action="store_true", help="keep topics and Redis keys")
+    p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)
+    p.add_argument("--redis-url", default=DEFAULT_REDIS)
+    # internal: the consumer subprocesses
+    p.add_argument("--role", choices=("ceiling", "noop", "worker"), help=argparse.SUPPRESS)
+    p.add_argument("--ns", help=argparse.SUPPRESS)
+    p.add_argument("--topic", help=argparse.SUPPRESS)
+    p.add_argument("--ends", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--child-profile", help=argparse.SUPPRESS)
+    p.add_argument("--profile-out", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    a = parse_args()
+    if a.role:
+        sys.argv = sys.argv[:1]  # faust.Worker must not see our flags
+        child_main(a)
+        return
+    bench = Bench(a)
+    try:
+        report = bench.run()
+        report["profile_tool"] = a.profile
+    finally:
+        bench.cleanup()
+    if a.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print_table(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The read side of the Redis state: spend, waste and usage per group over any interval.
+
+Implements the rule engine's ``StateView`` (and its optional history and fault views) by
+summing the buckets that ``connectors.redis_keys.cover`` picks, over every partition slot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from redis import Redis
+
+from connectors.redis_keys import (
+    Calendar,
+    bucket_key,
+    cover,
+    faults_key,
+    first_seen_key,
+    history_key,
+    slots_key,
+    tagsets_key,
+    util_key,
+)
+from rules.events import FaultEvent
+from rules.state import FaultRecord, Group, Measure, ResourceSamples, group_of, matches
+
+_CODES: dict[str, str] = {"cost": "c", "quantity": "q"}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisState:
+    """Reads what the aggregation wrote; one instance may serve many queries."""
+
+    def __init__(self, redis: Redis, namespace: str, timezone: str) -> None:
+        self.redis = redis
+        self.namespace = namespace
+        self.calendar = Calendar(timezone)
+        self._dims: dict[tuple[str, str], dict[str, str]] = {}
+
+    # -- catalogue ------------------------------------------------------------------
+
+    def slots(self) -> list[str]:
+        return sorted(_text(s) for s in self.redis.smembers(slots_key(self.namespace)))
+
+    def _tagsets(self, slot: str, wanted: Iterable[str]) -> None:
+        missing = [t for t in set(wanted) if (slot, t) not in self._dims]
+        if not missing:
+            return
+        for tsid, raw in zip(missing, self.redis.hmget(tagsets_key(slot), missing), strict=True):
+            self._dims[(slot, tsid)] = json.loads(raw) if raw else {}
+
+    # -- StateView ------------------------------------------------------------------
+
+    def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
+               start: float, end: float) -> dict[Group, int]:
+        out: dict[Group, int] = defaultdict(int)
+        for dims, value in self._cells(measure, start, end):
+            if matches(match, dims):
+                out[group_of(group_by, dims)] += value
+        return dict(out)
+
+    def series(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
+               start: float, end: float, step: int = 3600) -> dict[Group, dict[int, int]]:
+        """Sums per group per ``step``-second interval (hourly by default): peaks and charts."""
+        out: dict[Group, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        t = int(start) // step * step
+        while t < end:
+            for group, value in self.totals(measure, match, group_by, t, t + step).items():
+                out[group][t] += value
+            t += step
+        return {g: dict(v) for g, v in out.items()}
+
+    def _cells(self, measure: Measure, start: float, end: float
+               ) -> Iterable[tuple[Mapping[str, str], int]]:
+        """(dimensions, micro-units) of every stored cell of ``measure`` in [start, end)."""
+        buckets = list(cover(start, end, self.calendar))
+        for slot in self.slots():
+            pipe = self.redis.pipeline(transaction=False)
+            for size, label in buckets:
+                pipe.hgetall(bucket_key(slot, size, label))
+            hashes: list[dict[bytes, bytes]] = pipe.execute()
+            wanted: list[tuple[str, str, int]] = []
+            for fields in hashes:
+                for field, value in fields.items():
+                    tsid, _, code = _text(field).partition(":")
+                    wanted.append((tsid, code, int(value)))
+            self._tagsets(slot, (t for t, _, _ in wanted))
+            yield from self._select(slot, measure, wanted)
+
+    def _select(self, slot: str, measure: Measure, cells: list[tuple[str, str, int]]
+                ) -> Iterable[tuple[Mapping[str, str], int]]:
+        code = _CODES.get(measure)
+        for tsid, cell_code, value in cells:
+            dims = self._dims[(slot, tsid)]
+            if code is not None:
+                if cell_code == code:
+                    yield dims, value
+            elif cell_code.startswith("w:"):
+                yield {**dims, "fault": cell_code[2:]}, value
+
+    def samples(self, metric: str, match: Mapping[str, str], since: float
+                ) -> list[ResourceSamples]:
+        found: dict[str, tuple[str, dict[str, str], list[tuple[float, float]]]] = {}
+        for slot in self.slots():
+            for field, raw in self.redis.hgetall(util_key(slot)).items():
+                resource_id, _, sample_metric = _text(field).partition("\t")
+                if sample_metric != metric:
+                    continue
+                latest = json.loads(_text(raw).split("|", 1)[1])
+                dims = {**latest["tags"], "resource_type": latest["resource_type"]}
+                if not matches(match, dims):
+                    continue
+                entry = found.setdefault(resource_id, (latest["resource_type"], latest["tags"], []))
+                entry[2].extend(self._history(slot, resource_id, metric, since))
+        return [
+            ResourceSamples(rid, rtype, tags, sorted(set(points)))
+            for rid, (rtype, tags, points) in sorted(found.items())
+        ]
+
+    def _history(self, slot: str, resource_id: str, metric: str, since: float
+                 ) -> list[tuple[float, float]]:
+        members = self.redis.zrangebyscore(history_key(slot, resource_id, metric), since, "+inf")
+        points = []
+        for member in members:
+            ts, _, value = _text(member).partition(":")
+            points.append((float(ts), float(value)))
+        return points
+
+    # -- optional views -------------------------------------------------------------
+
+    def earliest(self, measure: Measure, match: Mapping[str, str]) -> float | None:
+        oldest: float | None = None
+        for slot in self.slots():
+            firsts = {_text(k): int(v) for k, v in self.redis.hgetall(first_seen_key(slot)).items()}
+            self._tagsets(slot, firsts)
+            for tsid, first in firsts.items():
+                if matches(match, self._dims[(slot, tsid)]) and (oldest is None or first < oldest):
+                    oldest = float(first)
+        return oldest
+
+    def faults(self, since: float) -> list[FaultRecord]:
+        records: list[FaultRecord] = []
+        for slot in self.slots():
+            for raw in self.redis.zrangebyscore(faults_key(slot), since, "+inf"):
+                records.append(_fault_record(json.loads(raw)))
+        return sorted(records, key=lambda r: r.ts)
+
+
+def _fault_record(data: dict[str, Any]) -> FaultRecord:
+    event = FaultEvent.model_validate(data)
+    return FaultRecord(
+        ts=event.unix_ts, fault=event.fault.value, resource_type=event.resource_type,
+        units=event.units, lost_seconds=event.lost_seconds,
+        recovery_seconds=event.recovery_seconds, tags=dict(event.tags),
+    )

@@ -1,0 +1,574 @@
+"""Alert change records → Slack messages (Block Kit blocks plus a plain ``text`` fallback).
+
+Pure functions: no clients, no clocks. The rule engine publishes one JSON record per alert
+state change on ``NS.alerts.v1``; :class:`AlertChange` reads that record once, strictly enough
+that a malformed one is refused here rather than half-rendered in a channel.
+
+Layout choices follow what a platform engineer reads on a phone: short lines, one fact per
+line, no tables. ``text`` is what push notifications and screen readers show, so it alone
+names the rule, the group, the figure and the line it crossed.
+
+How a figure is shown depends on the kind (the record carries no unit unless it has
+``unit``): ``budget``, ``growth`` and ``fault_waste`` figures are money, ``log_explosion`` is
+money per hour, ``idle`` is a utilization fraction shown as a percentage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any, NamedTuple
+
+Block = dict[str, Any]
+
+ACTIONS_BLOCK_ID = "costline.actions"
+SNOOZE_ACTIONS = {"costline.snooze.1h": 3600, "costline.snooze.4h": 4 * 3600,
+                  "costline.snooze.1d": 86400}
+KEEP_ACTION = "costline.keep"
+APPROVE_ACTION = "costline.approve"
+DIGEST_MENU_ACTION = "costline.menu"
+
+STATES = ("pending", "firing", "resolved", "silenced")
+KINDS = ("budget", "growth", "idle", "log_explosion", "fault_waste")
+SEVERITY_EMOJI = {"info": ":information_source:", "warning": ":warning:",
+                  "critical": ":rotating_light:"}
+STATE_EMOJI = {"resolved": ":white_check_mark:", "silenced": ":no_bell:",
+               "pending": ":hourglass_flowing_sand:"}
+CURRENCY_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥"}
+BAR_CELLS = 10
+MAX_TOP = 5
+MAX_DIGEST_ITEMS = 40
+MAX_TEXT = 3000
+OVERFLOW_VALUE_MAX = 150
+
+
+class InvalidAlertRecord(ValueError):
+    """The record does not have the shape the rule engine promises; retrying will not help."""
+
+
+class SlackMessage(NamedTuple):
+    text: str
+    blocks: list[Block]
+
+
+@dataclass(frozen=True)
+class Line:
+    name: str
+    value: Decimal
+
+
+@dataclass(frozen=True)
+class Contributor:
+    group: Mapping[str, str]
+    value: Decimal
+
+
+@dataclass(frozen=True)
+class Forecast:
+    value: Decimal
+    crosses_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    resource_id: str
+    connector: str
+    grace_s: int
+    execute_at: datetime | None
+    mode: str
+    approval: str
+
+    @property
+    def needs_approval(self) -> bool:
+        """Anything but ``auto`` means a person must approve before the release happens."""
+        return self.approval != "auto"
+
+
+@dataclass(frozen=True)
+class AlertChange:
+    """One alert state change, as published by the rule engine."""
+
+    alert_id: str
+    rule: str
+    kind: str
+    severity: str
+    state: str
+    previous_state: str | None
+    group: Mapping[str, str]
+    since: datetime | None
+    at: datetime
+    value: Decimal
+    threshold: Decimal | None
+    line: str | None
+    lines: tuple[Line, ...]
+    currency: str
+    period_start: str | None
+    forecast: Forecast | None
+    rate_per_hour: Decimal | None
+    top: tuple[Contributor, ...]
+    faults: Mapping[str, Decimal] | None
+    reclaim: Reclaim | None
+    notify_slack: str | None
+    route_by_tag: str | None
+    mode: str
+    summary: str
+    unit: str | None
+    record: Mapping[str, Any]
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> AlertChange:
+        """Read a record, refusing one that lacks what every message needs."""
+        try:
+            return _parse(record)
+        except (KeyError, TypeError, ValueError, InvalidOperation, AttributeError) as exc:
+            raise InvalidAlertRecord(f"alert record: {exc!r}") from None
+
+    @property
+    def thread_key(self) -> str:
+        """One Slack thread per alert and period: a new month's budget alert starts afresh."""
+        return f"{self.alert_id}@{self.period_start}" if self.period_start else self.alert_id
+
+    @property
+    def change_key(self) -> str:
+        """Identifies this change, so a redelivered record is recognised as already sent."""
+        return f"{self.state}|{self.line or '-'}|{self.at.isoformat()}"
+
+    @property
+    def is_open(self) -> bool:
+        """Pending and firing alerts still invite action; resolved and silenced ones do not."""
+        return self.state in ("pending", "firing")
+
+
+def _parse(record: Mapping[str, Any]) -> AlertChange:
+    state = str(record["state"])
+    if state not in STATES:
+        raise ValueError(f"unknown state {state!r}")
+    kind = str(record["kind"])
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}")
+    notify = record.get("notify") or {}
+    period = record.get("period") or {}
+    forecast = record.get("forecast")
+    faults = record.get("faults")
+    return AlertChange(
+        alert_id=_text(record["alert_id"]),
+        rule=_text(record["rule"]),
+        kind=kind,
+        severity=str(record.get("severity") or "warning"),
+        state=state,
+        previous_state=record.get("previous_state"),
+        group={str(k): str(v) for k, v in dict(record.get("group") or {}).items()},
+        since=_time(record.get("since")),
+        at=_required_time(record["at"]),
+        value=Decimal(str(record["value"])),
+        threshold=_decimal(record.get("threshold")),
+        line=record.get("line"),
+        lines=tuple(Line(str(x["name"]), Decimal(str(x["value"])))
+                    for x in record.get("lines") or ()),
+        currency=str(record.get("currency") or "USD"),
+        period_start=period.get("start"),
+        forecast=Forecast(Decimal(str(forecast["value"])), _time(forecast.get("crosses_at")))
+        if forecast else None,
+        rate_per_hour=_decimal(record.get("rate_per_hour")),
+        top=tuple(Contributor({str(k): str(v) for k, v in x["group"].items()},
+                              Decimal(str(x["value"]))) for x in record.get("top") or ()),
+        faults={str(k): Decimal(str(v)) for k, v in faults.items()} if faults else None,
+        reclaim=_reclaim(record.get("reclaim")),
+        notify_slack=notify.get("slack"),
+        route_by_tag=notify.get("route_by_tag"),
+        mode=str(record.get("mode") or "live"),
+        summary=str(record.get("summary") or ""),
+        unit=record.get("unit"),
+        record=record,
+    )
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def _decimal(value: Any) -> Decimal | None:
+    return None if value is None else Decimal(str(value))
+
+
+def _time(value: Any) -> datetime | None:
+    return None if value in (None, "") else _required_time(value)
+
+
+def _required_time(value: Any) -> datetime:
+    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _reclaim(raw: Any) -> Reclaim | None:
+    if not raw:
+        return None
+    return Reclaim(
+        resource_id=_text(raw["resource_id"]),
+        connector=str(raw.get("connector") or ""),
+        grace_s=int(raw.get("grace") or 0),
+        execute_at=_time(raw.get("execute_at")),
+        mode=str(raw.get("mode") or "live"),
+        approval=str(raw.get("approval") or "auto"),
+    )
+
+
+# ── formatting ────────────────────────────────────────────────────────────────────────────
+
+
+def money(amount: Decimal, currency: str) -> str:
+    """``$8,123.45``; sub-unit amounts keep enough digits not to read as zero."""
+    if amount != 0 and abs(amount) < 1:
+        digits = f"{amount.normalize():f}"
+        number = digits if len(digits) <= 8 else f"{amount:.4f}"
+    else:
+        number = f"{amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,}"
+    symbol = CURRENCY_SYMBOLS.get(currency)
+    return f"{symbol}{number}" if symbol else f"{number} {currency}"
+
+
+def percent(fraction: Decimal) -> str:
+    """A utilization fraction as a whole percentage: ``0.02`` → ``2%``."""
+    return f"{(fraction * 100).quantize(Decimal('1'), rounding=ROUND_HALF_UP)}%"
+
+
+def unit_of(change: AlertChange) -> str:
+    return change.unit or {"idle": "fraction", "log_explosion": "currency_per_hour"}.get(
+        change.kind, "currency")
+
+
+def figure(change: AlertChange, amount: Decimal) -> str:
+    """An amount in the unit the alert's kind measures."""
+    unit = unit_of(change)
+    if unit == "fraction":
+        return percent(amount)
+    if unit == "currency_per_hour":
+        return f"{money(amount, change.currency)}/h"
+    if unit == "currency":
+        return money(amount, change.currency)
+    return f"{amount.normalize():f} {unit}"
+
+
+def usage_bar(fraction: Decimal) -> str:
+    """``▓▓▓▓▓▓▓▓░░ 82%``: cells and percentage round down, so 99.9% never reads as full."""
+    pct = int((fraction * 100).to_integral_value(rounding="ROUND_FLOOR"))
+    filled = max(0, min(BAR_CELLS, pct // 10))
+    return f"{'▓' * filled}{'░' * (BAR_CELLS - filled)} {pct}%"
+
+
+def short_time(moment: datetime) -> str:
+    utc = moment.astimezone(UTC)
+    return f"{utc:%b} {utc.day} {utc:%H:%M} UTC"
+
+
+def slack_time(moment: datetime) -> str:
+    """A time Slack shows in each reader's own zone, with a UTC fallback for old clients."""
+    epoch = int(moment.timestamp())
+    return f"<!date^{epoch}^{{date_short_pretty}} {{time}}|{short_time(moment)}>"
+
+
+def duration(seconds: int) -> str:
+    if seconds % 86400 == 0 and seconds:
+        return f"{seconds // 86400}d"
+    if seconds % 3600 == 0 and seconds:
+        return f"{seconds // 3600}h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
+
+
+def group_label(group: Mapping[str, str]) -> str:
+    """``team=pretrain project=llm-70b``: the form used in ``text``, which Slack also parses."""
+    return escape(" ".join(f"{k}={v}" for k, v in group.items())) or "all"
+
+
+def group_mrkdwn(group: Mapping[str, str]) -> str:
+    return escape(" · ".join(f"{k} `{v}`" for k, v in group.items())) or "_all resources_"
+
+
+def escape(text: str) -> str:
+    """Slack treats ``&``, ``<`` and ``>`` as markup; tag values must not become links."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# ── phrases ───────────────────────────────────────────────────────────────────────────────
+
+
+def headline(change: AlertChange) -> str:
+    """The figure against the line, in words: the heart of both ``text`` and the blocks."""
+    value = figure(change, change.value)
+    line = change.line or "its line"
+    against = f" ({figure(change, change.threshold)})" if change.threshold is not None else ""
+    if change.state == "resolved" and change.kind == "idle":
+        return f"{value} utilization, back over {line}{against}"
+    if change.state == "resolved":
+        return f"{value}, back within {line}{against}"
+    if change.kind == "idle":
+        return f"{value} utilization is under {line}{against}"
+    return f"{value} crossed {line}{against}"
+
+
+def state_tag(change: AlertChange) -> str:
+    return change.state.upper() if change.state != "firing" else change.severity.upper()
+
+
+def fallback_text(change: AlertChange) -> str:
+    """Names rule, group, figure and line: all a push notification shows."""
+    return (f"[{state_tag(change)}] {change.rule} · {group_label(change.group)}: "
+            f"{headline(change)}")
+
+
+def emoji(change: AlertChange) -> str:
+    return STATE_EMOJI.get(change.state) or SEVERITY_EMOJI.get(change.severity, ":bell:")
+
+
+# ── blocks ────────────────────────────────────────────────────────────────────────────────
+
+
+def _section(markdown: str) -> Block:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": markdown[:MAX_TEXT]}}
+
+
+def _header(change: AlertChange) -> Block:
+    word = {"resolved": "Resolved: ", "silenced": "Silenced: ", "pending": "Pending: "}.get(
+        change.state, "")
+    return {"type": "header",
+            "text": {"type": "plain_text", "text": f"{emoji(change)} {word}{change.rule}"[:150],
+                     "emoji": True}}
+
+
+def _about(change: AlertChange) -> Block:
+    lines = [group_mrkdwn(change.group)]
+    if change.summary:
+        lines.append(escape(change.summary))
+    return _section("\n".join(lines))
+
+
+def _limit_line(change: AlertChange) -> Line | None:
+    """The budget line the bar is measured against: ``limit``, else the highest line."""
+    named = [x for x in change.lines if x.name == "limit"]
+    if named:
+        return named[0]
+    return max(change.lines, key=lambda x: x.value) if change.lines else None
+
+
+def _figure_section(change: AlertChange) -> Block:
+    parts = [f"*{headline(change)}*"]
+    limit = _limit_line(change)
+    if change.kind in ("budget", "fault_waste") and limit is not None and limit.value > 0:
+        parts.append(f"`{usage_bar(change.value / limit.value)}` of {limit.name} "
+                     f"{figure(change, limit.value)}")
+    for line in change.lines if len(change.lines) > 1 else ():
+        mark = "▸" if line.name == change.line else "·"
+        label = f"*{line.name}*" if line.name == change.line else line.name
+        parts.append(f"{mark} {label} {figure(change, line.value)}")
+    return _section("\n".join(parts))
+
+
+def _trend_section(change: AlertChange) -> Block | None:
+    parts = []
+    if change.rate_per_hour is not None:
+        rate = money(change.rate_per_hour, change.currency)
+        parts.append(f":chart_with_upwards_trend: Burning *{rate}/h*")
+    if change.forecast is not None:
+        text = f":crystal_ball: Forecast *{figure(change, change.forecast.value)}* at period end"
+        if change.forecast.crosses_at is not None:
+            limit = _limit_line(change)
+            name = limit.name if limit else "the line"
+            text += f"\ncrosses {name} {slack_time(change.forecast.crosses_at)}"
+        parts.append(text)
+    return _section("\n".join(parts)) if parts else None
+
+
+def _top_section(change: AlertChange) -> Block | None:
+    if not change.top:
+        return None
+    rows = ["*Top contributors*"]
+    for item in change.top[:MAX_TOP]:
+        share = ""
+        if change.value > 0 and unit_of(change).startswith("currency"):
+            share = f" ({percent(item.value / change.value)})"
+        rows.append(f"• {group_mrkdwn(item.group)} {figure(change, item.value)}{share}")
+    return _section("\n".join(rows))
+
+
+def _waste_section(change: AlertChange) -> Block | None:
+    if not change.faults:
+        return None
+    total = sum(change.faults.values(), Decimal(0))
+    title = f"*Waste* {money(total, change.currency)}"
+    if change.kind == "budget" and change.value > 0:
+        title += f" ({percent(total / change.value)} of spend)"
+    rows = [title]
+    for fault, amount in sorted(change.faults.items(), key=lambda x: -x[1]):
+        rows.append(f"• {fault} {money(amount, change.currency)}")
+    return _section("\n".join(rows))
+
+
+def next_step(change: AlertChange) -> str | None:
+    """What happens to the resource next, so nobody is surprised by a release."""
+    reclaim = change.reclaim
+    if reclaim is None:
+        return None
+    resource = f"`{escape(reclaim.resource_id)}`"
+    if change.state == "resolved":
+        return f"{resource} is busy again: its release is cancelled."
+    if not change.is_open:
+        return f"{resource} will not be released while this alert is silenced."
+    when = f" at {slack_time(reclaim.execute_at)}" if reclaim.execute_at else ""
+    if reclaim.needs_approval:
+        text = (f"{resource} will be released{when} once an approver presses *Approve*; "
+                f"*Keep* holds it.")
+    else:
+        text = f"{resource} will be released{when} unless someone presses *Keep*."
+    if reclaim.mode == "dry_run" or change.mode == "dry_run":
+        text += "\n_Dry run: the release is planned and logged, not executed._"
+    return text
+
+
+def _next_section(change: AlertChange) -> Block | None:
+    step = next_step(change)
+    return _section(f"*What happens next*\n{step}") if step else None
+
+
+def action_value(change: AlertChange, action: str | None = None) -> str:
+    """What a button carries back: enough to act without looking the message up."""
+    payload: dict[str, str] = {"alert_id": change.alert_id, "rule": change.rule}
+    if change.reclaim is not None:
+        payload["resource_id"] = change.reclaim.resource_id
+    if action is not None:
+        payload["action"] = action
+    return json.dumps(payload, separators=(",", ":"))
+
+
+def _button(text: str, action_id: str, value: str, style: str | None = None) -> Block:
+    button: Block = {"type": "button", "text": {"type": "plain_text", "text": text},
+                     "action_id": action_id, "value": value}
+    if style:
+        button["style"] = style
+    return button
+
+
+def _actions(change: AlertChange) -> Block | None:
+    if not change.is_open:
+        return None
+    value = action_value(change)
+    buttons = [_button(f"Snooze {action_id.rsplit('.', 1)[1]}", action_id, value)
+               for action_id in SNOOZE_ACTIONS]
+    if change.reclaim is not None:
+        buttons.append(_button("Keep", KEEP_ACTION, value))
+        if change.reclaim.needs_approval:
+            approve = _button("Approve", APPROVE_ACTION, value, style="primary")
+            approve["confirm"] = {
+                "title": {"type": "plain_text", "text": "Release the resource?"},
+                "text": {"type": "mrkdwn",
+                         "text": f"`{escape(change.reclaim.resource_id)}` will be released."},
+                "confirm": {"type": "plain_text", "text": "Release"},
+                "deny": {"type": "plain_text", "text": "Cancel"},
+            }
+            buttons.append(approve)
+    return {"type": "actions", "block_id": ACTIONS_BLOCK_ID, "elements": buttons}
+
+
+def _footer(change: AlertChange, notes: Sequence[str]) -> Block:
+    facts = [f"`{escape(change.alert_id)}`"]
+    if change.since is not None:
+        facts.append(f"{change.state} since {slack_time(change.since)}")
+    if change.mode == "dry_run":
+        facts.append("dry run")
+    elements = [{"type": "mrkdwn", "text": " · ".join(facts)}]
+    elements += [{"type": "mrkdwn", "text": note[:MAX_TEXT]} for note in notes[-9:]]
+    return {"type": "context", "elements": elements}
+
+
+def render_alert(record: AlertChange | Mapping[str, Any],
+                 notes: Sequence[str] = ()) -> SlackMessage:
+    """One alert → one message: the thread root every later change of it updates."""
+    change = record if isinstance(record, AlertChange) else AlertChange.from_record(record)
+    optional = (_trend_section(change), _top_section(change), _waste_section(change),
+                _next_section(change))
+    blocks = [_header(change), _about(change), _figure_section(change)]
+    blocks += [block for block in optional if block is not None]
+    actions = _actions(change)
+    if actions is not None:
+        blocks.append(actions)
+    blocks.append(_footer(change, notes))
+    return SlackMessage(fallback_text(change), blocks)
+
+
+# ── digests and thread replies ────────────────────────────────────────────────────────────
+
+
+def _digest_menu(change: AlertChange) -> Block | None:
+    """A compact action menu per digest line, so a burst does not cost the buttons."""
+    if not change.is_open:
+        return None
+    choices = [(f"Snooze {a.rsplit('.', 1)[1]}", a) for a in SNOOZE_ACTIONS]
+    if change.reclaim is not None:
+        choices.append(("Keep", KEEP_ACTION))
+    options = []
+    for label, action in choices:
+        value = action_value(change, action)
+        if len(value) > OVERFLOW_VALUE_MAX:
+            return None
+        options.append({"text": {"type": "plain_text", "text": label}, "value": value})
+    return {"type": "overflow", "action_id": DIGEST_MENU_ACTION, "options": options}
+
+
+def _digest_item(change: AlertChange) -> Block:
+    block = _section(f"{emoji(change)} *{change.rule}* · {group_mrkdwn(change.group)}\n"
+                     f"{headline(change)}")
+    menu = _digest_menu(change)
+    if menu is not None:
+        block["accessory"] = menu
+    return block
+
+
+def render_digest(records: Sequence[AlertChange | Mapping[str, Any]],
+                  notes: Sequence[str] = ()) -> SlackMessage:
+    """Many alerts for one channel → one message, so a burst does not flood it."""
+    changes = [r if isinstance(r, AlertChange) else AlertChange.from_record(r) for r in records]
+    firing = sum(1 for c in changes if c.is_open)
+    title = f":bell: {len(changes)} cost alerts"
+    if firing != len(changes):
+        title += f" ({firing} open)"
+    blocks: list[Block] = [{"type": "header", "text": {"type": "plain_text", "text": title,
+                                                       "emoji": True}}]
+    blocks += [_digest_item(c) for c in changes[:MAX_DIGEST_ITEMS]]
+    rest = len(changes) - MAX_DIGEST_ITEMS
+    context = [f"and {rest} more, each in this thread" if rest > 0 else
+               "Each alert's changes follow in this thread."]
+    context += list(notes[-9:])
+    blocks.append({"type": "context",
+                   "elements": [{"type": "mrkdwn", "text": c[:MAX_TEXT]} for c in context]})
+    summary = "; ".join(f"{c.rule} {group_label(c.group)} {headline(c)}" for c in changes)
+    text = f"{len(changes)} cost alerts: {summary}"
+    return SlackMessage(text[: MAX_TEXT - 1] + "…" if len(text) > MAX_TEXT else text, blocks)
+
+
+def render_change_reply(change: AlertChange, previous: AlertChange | None) -> str:
+    """The thread reply that tells what changed since the last message about this alert."""
+    what = headline(change)
+    if change.state == "resolved":
+        return f":white_check_mark: Resolved: {what}."
+    if change.state == "silenced":
+        return f":no_bell: Silenced: {what}."
+    if previous is not None and previous.line != change.line and change.line:
+        return (f"{emoji(change)} Escalated from {previous.line or previous.state} "
+                f"to *{change.line}*: {what}.")
+    if previous is not None and previous.state != change.state:
+        return f"{emoji(change)} Now {change.state}: {what}."
+    return f":repeat: Still {change.state}: {what}."
+
+
+def message_for(changes: Sequence[AlertChange], notes: Sequence[str] = ()) -> SlackMessage:
+    """The thread root for one alert or a digest of several, from the members' latest state."""
+    if len(changes) == 1:
+        return render_alert(changes[0], notes)
+    return render_digest(changes, notes)
+

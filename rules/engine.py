@@ -1,0 +1,196 @@
+"""The rule engine: rules × a ``StateView`` at ``now`` → findings → alert state changes.
+
+Pure: it reads the state view, the alert book, silences and recent faults it is given, and
+returns the changes to publish with the next book. The worker persists the book and
+publishes the changes; ``rules test`` and ``rules backtest`` run the very same code on an
+``InMemoryState``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rules.alerts import AlertBook, Mute, Observation, Policy, advance
+from rules.durations import rfc3339
+from rules.findings import Finding, Line
+from rules.inhibit import FAULT_LOOKBACK_S, inhibition_for
+from rules.kinds import Rule
+from rules.loader import RuleSet, load_rules
+from rules.prices import PriceBook, format_micro
+from rules.silences import Silence, silence_for
+from rules.state import FaultHistory, FaultRecord, StateView
+
+
+def group_hash(group: Mapping[str, str]) -> str:
+    """A stable short digest of a group's tags: the same group always maps to one alert."""
+    canonical = json.dumps(dict(group), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def alert_id(rule: str, group: Mapping[str, str]) -> str:
+    return f"{rule}/{group_hash(group)}"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The outcome of one evaluation: changes to publish and the book to keep."""
+
+    at: float
+    changes: list[dict[str, Any]]
+    book: AlertBook
+    findings: Mapping[str, list[Finding]] = field(default_factory=dict)
+
+
+class Engine:
+    """Evaluates a rule set; holds no alert state of its own (the caller keeps the book)."""
+
+    def __init__(
+        self, rules: RuleSet, currency: str, units: Mapping[str, str] | None = None
+    ) -> None:
+        self.rules = rules
+        self.currency = currency
+        self.units = dict(units or {})
+        self.policies = {r.name: Policy(r.pending_for, r.realert) for r in rules}
+
+    @classmethod
+    def for_prices(cls, rules: RuleSet, prices: PriceBook) -> Engine:
+        """An engine speaking the price book's currency and units."""
+        units = {name: price.unit for name, price in prices.prices.items()}
+        return cls(rules, prices.currency, units)
+
+    @classmethod
+    def load(cls, paths: Iterable[Path | str], prices: PriceBook, timezone: str = "UTC") -> Engine:
+        return cls.for_prices(load_rules(paths, timezone), prices)
+
+    def findings(self, state: StateView, now: float) -> dict[str, list[Finding]]:
+        """Every rule's findings at ``now``."""
+        return {rule.name: rule.evaluate(state, now) for rule in self.rules}
+
+    def evaluate(
+        self,
+        state: StateView,
+        now: float,
+        book: AlertBook | None = None,
+        silences: Sequence[Silence] = (),
+        faults: Sequence[FaultRecord] | None = None,
+    ) -> Evaluation:
+        """Evaluate every rule and advance the alert lifecycle by one step.
+
+        ``faults`` are the recent faults for inhibition; when not given they are read from
+        the state if it keeps them (``FaultHistory``).
+        """
+        recent = _recent_faults(state, now) if faults is None else list(faults)
+        found = self.findings(state, now)
+        observations = [
+            self._observe(rule, finding, now, silences, recent)
+            for rule in self.rules
+            for finding in found[rule.name]
+        ]
+        next_book, changes = advance(book or AlertBook(), observations, self.policies, now)
+        return Evaluation(now, changes, next_book, found)
+
+    def _observe(
+        self,
+        rule: Rule,
+        finding: Finding,
+        now: float,
+        silences: Sequence[Silence],
+        faults: Sequence[FaultRecord],
+    ) -> Observation:
+        return Observation(
+            alert_id=alert_id(rule.name, finding.group),
+            rule=rule.name,
+            rank=finding.rank,
+            payload=payload(rule, finding, self.currency, self.units),
+            mute=_mute(rule, finding, now, silences, faults),
+        )
+
+
+def _recent_faults(state: StateView, now: float) -> list[FaultRecord]:
+    if not isinstance(state, FaultHistory):
+        return []
+    return [f for f in state.faults(now - FAULT_LOOKBACK_S) if f.ts <= now]
+
+
+def _mute(
+    rule: Rule,
+    finding: Finding,
+    now: float,
+    silences: Sequence[Silence],
+    faults: Sequence[FaultRecord],
+) -> Mute | None:
+    labels = finding.labels
+    silence = silence_for(silences, rule.name, labels, now)
+    if silence is not None:
+        who = f" by {silence.created_by}" if silence.created_by else ""
+        note = f" ({silence.comment})" if silence.comment else ""
+        reason = f"silenced{who} until {rfc3339(silence.ends_at)}{note}"
+        return Mute(f"silence:{silence.id}", silence.ends_at, reason)
+    if not rule.inhibited_by_faults:
+        return None
+    inhibition = inhibition_for(faults, labels, now)
+    if inhibition is None:
+        return None
+    return Mute(f"fault:{inhibition.fault.fault}", inhibition.until, inhibition.reason)
+
+
+def payload(
+    rule: Rule, finding: Finding, currency: str, units: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A finding rendered as the published alert fields (amounts as 6-place decimals).
+
+    ``unit`` says what ``value`` measures (``currency``, ``currency_per_hour``, ``fraction``
+    or a price book unit such as ``gb_hour``), so a renderer need not guess from the kind.
+    """
+    forecast = finding.forecast
+    return {
+        "kind": rule.kind,
+        "severity": rule.severity,
+        "group": dict(finding.group),
+        "value": format_micro(finding.value),
+        "threshold": format_micro(finding.threshold),
+        "line": finding.line,
+        "lines": _lines(finding.lines),
+        "currency": currency,
+        "unit": rule.value_unit(units or {}),
+        "period": {"start": rfc3339(finding.period[0]), "end": rfc3339(finding.period[1])},
+        "forecast": None
+        if forecast is None
+        else {
+            "value": format_micro(forecast.value),
+            "crosses_at": None if forecast.crosses_at is None else rfc3339(forecast.crosses_at),
+        },
+        "rate_per_hour": _maybe_micro(finding.rate_per_hour),
+        "top": [{"group": dict(c.group), "value": format_micro(c.value)} for c in finding.top],
+        "faults": None
+        if finding.faults is None
+        else {name: format_micro(micro) for name, micro in finding.faults.items()},
+        "reclaim": finding.reclaim.to_dict() if finding.reclaim else None,
+        "notify": _notify(rule, finding),
+        "mode": rule.mode,
+        "summary": rule.summarize(finding, currency),
+    }
+
+
+def _lines(lines: Sequence[Line]) -> list[dict[str, str]]:
+    return [{"name": line.name, "value": format_micro(line.value)} for line in lines]
+
+
+def _maybe_micro(micro: int | None) -> str | None:
+    return None if micro is None else format_micro(micro)
+
+
+def _notify(rule: Rule, finding: Finding) -> dict[str, Any] | None:
+    """Where to post: the configured keys, plus ``channel`` resolved for this alert's tags."""
+    if rule.notify is None:
+        return None
+    return {
+        "slack": rule.notify.slack,
+        "route_by_tag": rule.notify.route_by_tag,
+        "channel": rule.notify.channel_for(finding.labels),
+    }

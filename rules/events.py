@@ -1,0 +1,256 @@
+"""The events costline counts (CONTRACT §3), and the one function that turns raw bytes into them.
+
+A Kafka message value is one event object or a batch (a JSON array of up to 10,000). A
+message is accepted whole or rejected whole: a batch with one bad element is rejected with
+the element's index, so the producer can fix and resend it (the ``event_id`` keeps the resend
+from counting twice) and the dead-letter topic keeps the exact bytes that failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from enum import StrEnum
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
+
+MAX_BATCH = 10_000
+MAX_FUTURE_S = 600.0
+MAX_TAGS = 32
+
+
+class Category(StrEnum):
+    """Spend categories of the price book (CONTRACT §4)."""
+
+    compute = "compute"
+    storage = "storage"
+    network = "network"
+    database = "database"
+    observability = "observability"
+    security = "security"
+    operations = "operations"
+    migration = "migration"
+    other = "other"
+
+
+class FaultType(StrEnum):
+    node_failure = "node_failure"
+    silent_data_corruption = "silent_data_corruption"
+    comm_timeout = "comm_timeout"
+    storage_stall = "storage_stall"
+    oom = "oom"
+    preemption = "preemption"
+    other = "other"
+
+
+EventId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/-]{1,128}$")]
+TagKey = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
+TagValue = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Tags = Annotated[dict[TagKey, TagValue], Field(max_length=MAX_TAGS)]
+ResourceId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+ResourceType = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# RFC 3339 with an offset, or Unix seconds as a JSON number. Kept as sent (so a round trip is
+# exact) and converted once by ``unix_ts``: the pattern is checked in pydantic's core, while a
+# Python validator here would halve the parser's throughput. (A plain ``datetime`` field would
+# also take strings of digits as Unix time, which the contract does not allow.)
+RFC3339 = (
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+Timestamp = Annotated[
+    Annotated[str, StringConstraints(pattern=RFC3339)]
+    | int
+    | Annotated[float, Field(allow_inf_nan=False)],
+    Field(union_mode="left_to_right"),
+]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    event_id: EventId
+    ts: Timestamp
+    # Omitted tags mean untagged spend: still money, reported under empty group values.
+    tags: Tags = Field(default_factory=dict)
+
+    @cached_property
+    def unix_ts(self) -> float:
+        """``ts`` as Unix seconds, whichever form the producer sent.
+
+        Raises ``ValueError`` for a well-formed but impossible date (``2026-02-30``);
+        ``parse_message`` reads it once, so an accepted event always has one.
+        """
+        ts = self.ts
+        if isinstance(ts, str):
+            return datetime.fromisoformat(ts.replace("z", "Z")).timestamp()
+        return float(ts)
+
+
+class UsageEvent(_Event):
+    """Something was consumed and costs money."""
+
+    kind: Literal["usage"]
+    resource_id: ResourceId
+    resource_type: ResourceType
+    quantity: NonNegative
+    unit: Name
+    cost: NonNegative | None = None
+    category: Category | None = None
+
+
+class UtilizationEvent(_Event):
+    """A gauge sample of a resource; it costs nothing, idle detection reads it."""
+
+    kind: Literal["utilization"]
+    resource_id: ResourceId
+    resource_type: ResourceType
+    metric: Name
+    value: Annotated[float, Field(allow_inf_nan=False)]
+
+
+class FaultEvent(_Event):
+    """A fault made ``units`` accelerators redo ``lost_seconds`` and wait ``recovery_seconds``."""
+
+    kind: Literal["fault"]
+    fault: FaultType
+    resource_type: ResourceType
+    units: Annotated[int, Field(ge=1, le=1_000_000)]
+    lost_seconds: NonNegative
+    recovery_seconds: NonNegative
+    resource_id: ResourceId | None = None
+
+
+Event: TypeAlias = Annotated[UsageEvent | UtilizationEvent | FaultEvent, Field(discriminator="kind")]
+
+_ONE = TypeAdapter(Event)
+_BATCH = TypeAdapter(Annotated[list[Event], Field(min_length=1, max_length=MAX_BATCH)])
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a message was refused: a short machine-readable code and a sentence for people."""
+
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    events: list[UsageEvent | UtilizationEvent | FaultEvent]
+    batch: bool
+
+
+def _where(loc: tuple[int | str, ...], batch: bool) -> str:
+    """Turn a pydantic error location into words: ``event 3: field tags.team``."""
+    parts = list(loc)
+    prefix = ""
+    if batch and parts and isinstance(parts[0], int):
+        prefix = f"event {parts.pop(0)}: "
+    # Drop the discriminator tag pydantic inserts (``usage``/``fault``/...).
+    if parts and parts[0] in ("usage", "utilization", "fault"):
+        parts.pop(0)
+    field = ".".join(str(p) for p in parts)
+    return prefix + (f"field {field}" if field else "message")
+
+
+_TS_FORMS = ("str", "int", "float", "constrained-str")
+
+
+def _fold_ts(errors: list[Any]) -> list[Any]:
+    """One sentence for a bad ``ts`` instead of one per form the union tried."""
+    folded: list[Any] = []
+    seen: set[tuple[Any, ...]] = set()
+    for error in errors:
+        loc = tuple(error["loc"])
+        if "ts" in loc and loc[-1] in _TS_FORMS:
+            root = loc[: loc.index("ts") + 1]
+            if root in seen:
+                continue
+            seen.add(root)
+            sent = error.get("input")
+            error = {
+                "type": "bad_timestamp",
+                "loc": root,
+                "msg": f"must be RFC 3339 with an offset or Unix seconds, got {sent!r:.60}",
+            }
+        folded.append(error)
+    return folded
+
+
+def _explain(exc: ValidationError, batch: bool, limit: int = 3) -> Rejection:
+    errors = _fold_ts(exc.errors(include_url=False, include_context=False))
+    first = errors[0]
+    code = "invalid_json" if first["type"] == "json_invalid" else _code_for(first)
+    said = [f"{_where(e['loc'], batch)}: {e['msg']}" for e in errors[:limit]]
+    if len(errors) > limit:
+        said.append(f"... and {len(errors) - limit} more")
+    return Rejection(code, "; ".join(said))
+
+
+_CODES = {
+    "missing": "missing_field",
+    "extra_forbidden": "unknown_field",
+    "union_tag_invalid": "unknown_kind",
+    "union_tag_not_found": "missing_field",
+    "greater_than_equal": "out_of_range",
+    "less_than_equal": "out_of_range",
+    "too_long": "too_long",
+    "too_short": "too_short",
+    "string_too_long": "too_long",
+    "string_too_short": "too_short",
+    "string_pattern_mismatch": "bad_format",
+    "enum": "bad_value",
+    "literal_error": "bad_value",
+    "bad_timestamp": "bad_timestamp",
+}
+
+
+def _code_for(error: Any) -> str:
+    return _CODES.get(error["type"], "bad_type")
+
+
+def parse_message(raw: bytes, now: float | None = None) -> Parsed | Rejection:
+    """Raw message bytes → validated events, or the precise reason they were refused.
+
+    Never raises: anything that is not a valid event or batch becomes a ``Rejection``.
+    """
+    try:
+        head = raw.lstrip()[:1]
+        batch = head == b"["
+        adapter = _BATCH if batch else _ONE
+        try:
+            value = adapter.validate_json(raw)
+        except ValidationError as exc:
+            return _explain(exc, batch)
+        events = value if batch else [value]
+        limit = (time.time() if now is None else now) + MAX_FUTURE_S
+        for index, event in enumerate(events):
+            where = f"event {index}: " if batch else ""
+            try:
+                ts = event.unix_ts
+            except ValueError as exc:
+                return Rejection("bad_timestamp", f"{where}field ts: {exc}")
+            if ts > limit:
+                return Rejection("future_ts", f"{where}field ts: more than 10 minutes in the future")
+        return Parsed(events, batch)
+    except Exception as exc:  # noqa: BLE001 - the pipeline must never stop on input
+        return Rejection("unparseable", f"message: {type(exc).__name__}: {exc}")
+
+
+AnyEvent: TypeAlias = UsageEvent | UtilizationEvent | FaultEvent
+
+
+def dump_event(event: AnyEvent) -> bytes:
+    """The JSON of an event as ``parse_message`` accepts it (``ts`` kept as it was sent)."""
+    return event.model_dump_json(exclude_none=True).encode()

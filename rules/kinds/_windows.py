@@ -1,0 +1,115 @@
+"""A recent window against the baseline before it: the arithmetic growth and log explosion share.
+
+Only complete 5-minute buckets are compared (a half-filled bucket would look like a drop), and
+a group whose data does not reach back over the whole baseline is "not yet ready": a project's
+first day is not a spike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+
+from pydantic import ValidationInfo
+from pydantic_core import PydanticCustomError
+
+from rules.findings import per_hour
+from rules.state import Group, HistoryView, Measure, StateView, align_down, narrowed
+
+
+@dataclass(frozen=True)
+class WindowComparison:
+    """One group's total over the window and over the baseline before it."""
+
+    group: Group
+    current: int
+    baseline_total: int
+    window: int
+    baseline: int
+    ready: bool
+    start: float
+    end: float
+
+    @property
+    def expected(self) -> int:
+        """The baseline's average total per window length."""
+        return self.baseline_total * self.window // self.baseline
+
+    @property
+    def rate_per_hour(self) -> int:
+        return per_hour(self.current, self.window)
+
+    def growth_line(self, ratio: Decimal) -> int:
+        """The window total that is ``ratio`` × the baseline average, rounded up."""
+        scaled = ratio * self.baseline_total * self.window / self.baseline
+        return int(scaled.to_integral_value(ROUND_CEILING))
+
+    def grew(self, ratio: Decimal, min_baseline: int = 0) -> bool:
+        """Window ≥ ratio × baseline average, on a ready baseline of at least ``min_baseline``."""
+        if not self.ready or self.baseline_total <= 0 or self.baseline_total < min_baseline:
+            return False
+        return self.current * self.baseline >= ratio * self.baseline_total * self.window
+
+
+def compare_windows(
+    state: StateView,
+    measure: Measure,
+    match: Mapping[str, str],
+    group_by: Sequence[str],
+    now: float,
+    window: int,
+    baseline: int,
+) -> list[WindowComparison]:
+    """Every group with something in the window, compared with its baseline."""
+    end = align_down(now)
+    start = end - window
+    base_start = start - baseline
+    current = state.totals(measure, match, group_by, start, end)
+    before = state.totals(measure, match, group_by, base_start, start)
+    ready = _ready(state, measure, match, group_by, current, base_start, window)
+    return [
+        WindowComparison(
+            group, total, before.get(group, 0), window, baseline, ready[group], start, end
+        )
+        for group, total in sorted(current.items())
+        if total > 0
+    ]
+
+
+def _ready(
+    state: StateView,
+    measure: Measure,
+    match: Mapping[str, str],
+    group_by: Sequence[str],
+    groups: Mapping[Group, int],
+    base_start: float,
+    window: int,
+) -> dict[Group, bool]:
+    """Whether each group's history covers the whole baseline.
+
+    A store that knows its history answers exactly; otherwise a group with nothing in the
+    baseline's first window-length is taken as too young.
+    """
+    if isinstance(state, HistoryView):
+        return {
+            group: _reaches_back(state, measure, narrowed(match, group_by, group), base_start)
+            for group in groups
+        }
+    first = state.totals(measure, match, group_by, base_start, base_start + window)
+    return {group: first.get(group, 0) > 0 for group in groups}
+
+
+def _reaches_back(
+    state: HistoryView, measure: Measure, match: Mapping[str, str], base_start: float
+) -> bool:
+    earliest = state.earliest(measure, match)
+    return earliest is not None and earliest <= base_start
+
+
+def baseline_covers_window(baseline: int, info: ValidationInfo) -> int:
+    """A baseline shorter than the window would compare the window with a fragment of itself."""
+    window = info.data.get("window")
+    if isinstance(window, int) and baseline < window:
+        raise PydanticCustomError("baseline", "baseline must be at least as long as window")
+    return baseline

@@ -1,0 +1,184 @@
+"""Calendar budgets: spend so far in the day, week or month against warning lines and a limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic_core import PydanticCustomError
+
+from rules.durations import Money, Period, TimeZoneName, period_bounds, rfc3339
+from rules.findings import (
+    Finding,
+    Forecast,
+    Line,
+    fraction_of,
+    highest_crossed,
+    labels_text,
+    money_text,
+    top_contributors,
+)
+from rules.kinds import ZONE_FIELD, Rule, configured_zone, kind
+from rules.state import Group, StateView, align_down, through
+
+FORECAST_WINDOW_S = 6 * 3600
+FORECAST_MIN_HISTORY_S = 3600
+FORECAST_LINE = "forecast"
+LIMIT_LINE = "limit"
+
+Fraction = Annotated[
+    Decimal,
+    Field(gt=0, lt=1),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}),
+]
+
+
+@dataclass(frozen=True)
+class _Span:
+    """The budget period and how far into it the stored totals reach."""
+
+    start: float
+    end: float
+    upto: float
+    now: float
+
+
+@kind("budget")
+class BudgetRule(Rule):
+    """A budget per group for each calendar day, week or month.
+
+    Spend so far is compared with the warning lines (``warn_at`` × ``limit``) and the budget
+    line (``limit``); the alert reports the highest line reached, so 50% → 80% → 100% is one
+    alert escalating, not three. With ``forecast`` the burn rate of the last six hours is
+    projected to the period end, and the alert says when the budget line will be crossed
+    before it is.
+
+    ```yaml
+    rules:
+      - name: team-monthly
+        kind: budget
+        match: {env: prod}
+        group_by: [team]
+        period: month
+        timezone: Europe/Berlin
+        limit: 10000
+        warn_at: [0.5, 0.8]
+        forecast: true
+        severity: warning
+        notify: {slack: "#ml-budgets", route_by_tag: owner}
+    ```
+    """
+
+    kind: Literal["budget"]
+    period: Period = "month"
+    timezone: TimeZoneName = ZONE_FIELD
+    limit: Money
+    warn_at: tuple[Fraction, ...] = ()
+    forecast: bool = False
+
+    @field_validator("timezone", mode="before")
+    @classmethod
+    def _zone(cls, value: Any, info: ValidationInfo) -> Any:
+        return configured_zone(value, info)
+
+    @field_validator("warn_at")
+    @classmethod
+    def _ascending(cls, value: tuple[Decimal, ...]) -> tuple[Decimal, ...]:
+        if any(b <= a for a, b in zip(value, value[1:], strict=False)):
+            raise PydanticCustomError(
+                "warn_at", "warning lines must be listed in ascending order, each once"
+            )
+        return value
+
+    def budget_lines(self) -> tuple[Line, ...]:
+        """Warning lines then the budget line, least serious first."""
+        warnings = [Line(_warning_name(f), fraction_of(self.limit, f)) for f in self.warn_at]
+        return (*warnings, Line(LIMIT_LINE, self.limit))
+
+    def evaluate(self, state: StateView, now: float) -> list[Finding]:
+        start, end = period_bounds(now, self.period, self.timezone)
+        span = _Span(start, end, min(through(now), end), now)
+        spent = state.totals("cost", self.match, self.group_by, start, span.upto)
+        rates = self._burn_rates(state, span) if self.forecast else {}
+        findings = []
+        for group, value in sorted(spent.items()):
+            finding = self._judge(state, span, group, value, rates.get(group))
+            if finding is not None:
+                findings.append(finding)
+        return findings
+
+    def _judge(
+        self, state: StateView, span: _Span, group: Group, value: int, rate: Decimal | None
+    ) -> Finding | None:
+        lines = self.budget_lines()
+        projection = self._project(span, value, rate)
+        crossed = highest_crossed(value, lines)
+        if crossed is None and projection is None:
+            return None
+        rank, line = crossed if crossed else (-1, Line(FORECAST_LINE, self.limit))
+        return Finding(
+            group=dict(zip(self.group_by, group, strict=True)),
+            value=value,
+            line=line.name,
+            threshold=line.value,
+            rank=rank,
+            lines=lines,
+            period=(span.start, span.end),
+            top=top_contributors(
+                state, "cost", self.match, self.group_by, group, span.start, span.upto
+            ),
+            forecast=projection,
+        )
+
+    def _burn_rates(self, state: StateView, span: _Span) -> dict[Group, Decimal]:
+        """Spend per second over the recent complete buckets, per group."""
+        rate_end = align_down(span.now)
+        rate_start = max(span.start, rate_end - FORECAST_WINDOW_S)
+        seconds = int(rate_end - rate_start)
+        if seconds < FORECAST_MIN_HISTORY_S:
+            return {}
+        recent = state.totals("cost", self.match, self.group_by, rate_start, rate_end)
+        return {group: Decimal(total) / seconds for group, total in recent.items()}
+
+    def _project(self, span: _Span, value: int, rate: Decimal | None) -> Forecast | None:
+        """The period-end projection, if it crosses a budget line not yet reached."""
+        if rate is None or rate <= 0 or value >= self.limit:
+            return None
+        projected = value + int(rate * Decimal(span.end - span.now))
+        if projected < self.limit:
+            return None
+        crosses_at = span.now + float((self.limit - value) / rate)
+        return Forecast(projected, crosses_at)
+
+    def summarize(self, finding: Finding, currency: str) -> str:
+        who = labels_text(finding.group)
+        spent = money_text(finding.value, currency)
+        budget = money_text(self.limit, currency)
+        sentence = f"{who} has spent {spent} this {self.period} of a {budget} budget"
+        if finding.line != FORECAST_LINE:
+            sentence += f", past the {_line_words(finding.line)}"
+            sentence += f" of {money_text(finding.threshold, currency)}"
+        if finding.forecast is not None:
+            sentence += _forecast_words(finding.forecast, currency)
+        return sentence + "."
+
+
+def _warning_name(fraction: Decimal) -> str:
+    percent = fraction * 100
+    text = str(int(percent)) if percent == percent.to_integral_value() else f"{percent:f}"
+    return f"warn_{text}"
+
+
+def _line_words(name: str) -> str:
+    if name == LIMIT_LINE:
+        return "budget line"
+    return f"{name.removeprefix('warn_')}% warning line"
+
+
+def _forecast_words(forecast: Forecast, currency: str) -> str:
+    crosses = "" if forecast.crosses_at is None else f" at {rfc3339(forecast.crosses_at)}"
+    projected = money_text(forecast.value, currency)
+    return f"; at the current rate it crosses the budget line{crosses} ({projected} by period end)"
+

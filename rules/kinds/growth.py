@@ -1,0 +1,123 @@
+"""Growth: the recent window against the average of the baseline before it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator
+
+from rules.durations import Money, WindowDuration, format_duration
+from rules.findings import (
+    Finding,
+    Line,
+    amount_text,
+    labels_text,
+    money_text,
+    top_contributors,
+)
+from rules.kinds import Rule, kind
+from rules.kinds._windows import WindowComparison, baseline_covers_window, compare_windows
+from rules.state import StateView
+
+GROWTH_LINE = "growth"
+BASELINE_LINE = "baseline"
+
+Ratio = Annotated[
+    Decimal, Field(gt=1), WithJsonSchema({"type": "number", "exclusiveMinimum": 1})
+]
+
+
+@kind("growth")
+class GrowthRule(Rule):
+    """Spend or usage growing faster than it used to, per group.
+
+    Fires when the total over ``window`` is at least ``ratio`` times the average total per
+    ``window`` over the ``baseline`` before it. A baseline below ``min_baseline`` (money for
+    ``metric: cost``, units of the resource for ``metric: quantity``) never fires, and
+    neither does a group whose history does not yet cover the whole baseline. On
+    ``quantity``, match one ``resource_type`` so the units agree (GB-hours of checkpoints
+    measure how much is stored).
+
+    ```yaml
+    rules:
+      - name: checkpoint-growth
+        kind: growth
+        metric: quantity
+        match: {resource_type: storage.checkpoint}
+        group_by: [project]
+        window: 6h
+        baseline: 7d
+        ratio: 2
+        min_baseline: 100000
+        severity: warning
+        notify: {slack: "#ml-storage"}
+    ```
+    """
+
+    inhibited_by_faults: ClassVar[bool] = True
+
+    kind: Literal["growth"]
+    metric: Literal["cost", "quantity"] = "cost"
+    window: WindowDuration
+    baseline: WindowDuration
+    ratio: Ratio
+    min_baseline: Money = 0
+
+    @field_validator("baseline")
+    @classmethod
+    def _baseline(cls, baseline: int, info: ValidationInfo) -> int:
+        return baseline_covers_window(baseline, info)
+
+    def value_unit(self, units: Mapping[str, str]) -> str:
+        """Money, or the price book unit of the one resource type a quantity rule matches."""
+        if self.metric == "cost":
+            return "currency"
+        return units.get(self.match.get("resource_type", ""), "units")
+
+    def evaluate(self, state: StateView, now: float) -> list[Finding]:
+        compared = compare_windows(
+            state, self.metric, self.match, self.group_by, now, self.window, self.baseline
+        )
+        return [
+            self._finding(state, c) for c in compared if c.grew(self.ratio, self.min_baseline)
+        ]
+
+    def _finding(self, state: StateView, compared: WindowComparison) -> Finding:
+        line = Line(GROWTH_LINE, compared.growth_line(self.ratio))
+        return Finding(
+            group=dict(zip(self.group_by, compared.group, strict=True)),
+            value=compared.current,
+            line=line.name,
+            threshold=line.value,
+            rank=1,
+            lines=(Line(BASELINE_LINE, compared.expected), line),
+            period=(compared.start, compared.end),
+            top=top_contributors(
+                state,
+                self.metric,
+                self.match,
+                self.group_by,
+                compared.group,
+                compared.start,
+                compared.end,
+            ),
+            rate_per_hour=compared.rate_per_hour,
+        )
+
+    def summarize(self, finding: Finding, currency: str) -> str:
+        def amount(micro: int) -> str:
+            if self.metric == "cost":
+                return money_text(micro, currency)
+            return f"{amount_text(micro)} units"
+
+        expected = finding.lines[0].value
+        times = f"{Decimal(finding.value) / expected:.1f}x" if expected else "far above"
+        return (
+            f"{labels_text(finding.group)} used {amount(finding.value)} of {self.metric} in the "
+            f"last {format_duration(self.window)}, {times} the {amount(expected)} per "
+            f"{format_duration(self.window)} of the {format_duration(self.baseline)} before "
+            f"(growth line {self.ratio}x)."
+        )
+

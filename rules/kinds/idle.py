@@ -1,0 +1,294 @@
+"""Idle resources: a gauge below a line for a while, with an optional reclaim request.
+
+Idleness must reflect real work, and "unknown" is busy: a resource is idle only if every
+sample of the last ``for`` is below ``below`` and no two samples are further apart than
+``max_gap``. A resource that stopped reporting is never idle, so a scraper outage cannot
+cancel a training run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from fnmatch import fnmatchcase
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
+
+from rules.durations import Duration, PositiveDuration, format_duration
+from rules.findings import Finding, Line, ReclaimRequest, amount_text
+from rules.kinds import DimensionKey, Glob, Rule, kind
+from rules.prices import exact, to_micro
+from rules.state import ResourceSamples, StateView
+
+IDLE_LINE = "idle"
+MetricName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+
+
+class ConnectorParams(BaseModel):
+    """Parameters of one reclamation connector; unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+P = TypeVar("P", bound=type[ConnectorParams])
+CONNECTORS: dict[str, type[ConnectorParams]] = {}
+
+
+def connector(name: str) -> Callable[[P], P]:
+    """Class decorator: register the parameters of a reclamation connector by name.
+
+    The reclamation module registers its own connectors here too (re-registering a name
+    replaces its parameters), so ``reclaim.connector`` is checked against what can run.
+    """
+
+    def register(cls: P) -> P:
+        CONNECTORS[name] = cls
+        return cls
+
+    return register
+
+
+@connector("slurm")
+class SlurmParams(ConnectorParams):
+    """Slurm: cancel, requeue or hold the job running on the idle nodes."""
+
+    action: Literal["cancel", "requeue", "hold"] = "cancel"
+
+
+@connector("webhook")
+class WebhookParams(ConnectorParams):
+    """Any HTTP endpoint that accepts the reclaim request as JSON."""
+
+    url: AnyHttpUrl
+    timeout: PositiveDuration = Field(10, json_schema_extra={"default": "10s"})
+
+
+@connector("kubernetes")
+class KubernetesParams(ConnectorParams):
+    """Kubernetes: scale the owning workload to zero, or delete the pod."""
+
+    action: Literal["scale_to_zero", "delete_pod"] = "scale_to_zero"
+    namespace: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] | None = None
+
+
+@connector("dry_run")
+class DryRunParams(ConnectorParams):
+    """Plans and logs the reclaim, never acts: for trying a rule on a real cluster."""
+
+
+class Reclaim(BaseModel):
+    """What to do with an idle resource: ``connector``, ``grace``, then the connector's keys.
+
+    The reclamation agent waits ``grace``, re-checks that the resource is still idle, and only
+    then acts (never in ``mode: dry_run``).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    connector: str
+    grace: Duration = Field(900, json_schema_extra={"default": "15m"})
+
+    @field_validator("connector")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in CONNECTORS:
+            raise PydanticCustomError(
+                "unknown_connector",
+                "unknown connector {name} (known: {known})",
+                {"name": repr(name), "known": ", ".join(sorted(CONNECTORS))},
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _params_fit_connector(self) -> Reclaim:
+        CONNECTORS[self.connector].model_validate(self.model_extra or {})
+        return self
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The connector's parameters, defaults filled in."""
+        model = CONNECTORS[self.connector].model_validate(self.model_extra or {})
+        return model.model_dump(mode="json")
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """One alternative per registered connector, each closed to unknown keys."""
+        return {"oneOf": [_connector_schema(n, p) for n, p in sorted(CONNECTORS.items())]}
+
+
+def _connector_schema(name: str, params: type[ConnectorParams]) -> dict[str, Any]:
+    schema = params.model_json_schema()
+    properties = {
+        "connector": {"const": name},
+        "grace": {"type": "string", "default": "15m", "description": "wait before acting"},
+        **schema.get("properties", {}),
+    }
+    found: dict[str, Any] = {
+        "type": "object",
+        "title": f"reclaim via {name}",
+        "description": (params.__doc__ or "").strip(),
+        "properties": properties,
+        "required": ["connector", *schema.get("required", [])],
+        "additionalProperties": False,
+    }
+    if "$defs" in schema:
+        found["$defs"] = schema["$defs"]
+    return found
+
+
+ExemptValues = Glob | list[Glob]
+
+
+@kind("idle")
+class IdleRule(Rule):
+    """Resources whose ``metric`` stayed below ``below`` for ``for``; optionally reclaimed.
+
+    ``for`` is the idle time itself (the samples show whether it held), so the alert fires
+    as soon as the resource qualifies. ``exempt`` tags (a value or a list, globs allowed)
+    are never idle: the opt-out for interactive notebooks or held reservations. The alert
+    carries a reclaim request for the reclamation agent; with ``mode: dry_run`` it is only
+    planned and logged.
+
+    ```yaml
+    rules:
+      - name: gpu-idle
+        kind: idle
+        match: {resource_type: "gpu.*", env: prod}
+        metric: gpu_util
+        below: 0.05
+        for: 30m
+        exempt: {keep_alive: "true", stage: [eval]}
+        reclaim: {connector: slurm, grace: 15m, action: cancel}
+        mode: dry_run
+        severity: warning
+        notify: {slack: "#ml-gpu-idle", route_by_tag: owner}
+    ```
+    """
+
+    inhibited_by_faults: ClassVar[bool] = True
+
+    kind: Literal["idle"]
+    metric: MetricName = "gpu_util"
+    below: float = Field(allow_inf_nan=False)
+    for_: PositiveDuration = Field(alias="for")
+    max_gap: PositiveDuration = Field(300, json_schema_extra={"default": "5m"})
+    exempt: dict[DimensionKey, ExemptValues] = Field(default_factory=dict)
+    reclaim: Reclaim | None = None
+
+    @property
+    def pending_for(self) -> int:
+        """The samples already prove ``for``; waiting again would double it."""
+        return 0
+
+    def value_unit(self, units: Mapping[str, str]) -> str:
+        """Utilization gauges are fractions (``0.05``); anything larger is in the metric's unit."""
+        return "fraction" if self.below <= 1 else self.metric
+
+    def evaluate(self, state: StateView, now: float) -> list[Finding]:
+        since = now - self.for_ - self.max_gap
+        found = (
+            self._judge(resource, now)
+            for resource in state.samples(self.metric, self.match, since)
+            if not self.is_exempt(resource.tags)
+        )
+        return [finding for finding in found if finding is not None]
+
+    def is_exempt(self, tags: Mapping[str, str]) -> bool:
+        """Whether an opt-out tag keeps this resource from ever being idle."""
+        return any(
+            any(fnmatchcase(tags.get(key, ""), v) for v in _as_list(values))
+            for key, values in self.exempt.items()
+            if key in tags
+        )
+
+    def idle_since(self, points: Sequence[tuple[float, float]], now: float) -> float | None:
+        """Start of the unbroken run of fresh samples below the line that ends at ``now``.
+
+        Only ``for`` + ``max_gap`` of samples are read, so for a long-idle resource this is
+        the earliest sample read: idle "at least since".
+        """
+        seen = [(ts, value) for ts, value in points if ts <= now]
+        if not seen or now - seen[-1][0] > self.max_gap:
+            return None
+        since = None
+        later = now
+        for ts, value in reversed(seen):
+            if value >= self.below or later - ts > self.max_gap:
+                break
+            since, later = ts, ts
+        return since
+
+    def _judge(self, resource: ResourceSamples, now: float) -> Finding | None:
+        since = self.idle_since(resource.points, now)
+        if since is None or now - since < self.for_:
+            return None
+        peak = max(value for ts, value in resource.points if since <= ts <= now)
+        labels = {"resource_type": resource.resource_type, **resource.tags}
+        group = {key: labels.get(key, "") for key in self.group_by}
+        line = Line(IDLE_LINE, _micro(self.below))
+        return Finding(
+            group={**group, "resource_id": resource.resource_id},
+            value=_micro(peak),
+            line=line.name,
+            threshold=line.value,
+            rank=0,
+            lines=(line,),
+            period=(since, now),
+            subject=labels,
+            reclaim=self._reclaim_request(resource, since, now),
+        )
+
+    def _reclaim_request(
+        self, resource: ResourceSamples, since: float, now: float
+    ) -> ReclaimRequest | None:
+        if self.reclaim is None:
+            return None
+        return ReclaimRequest(
+            resource_id=resource.resource_id,
+            resource_type=resource.resource_type,
+            tags=dict(resource.tags),
+            connector=self.reclaim.connector,
+            params=self.reclaim.params,
+            grace=self.reclaim.grace,
+            mode=self.mode,
+            idle_since=since,
+            requested_at=now,
+        )
+
+    def summarize(self, finding: Finding, currency: str) -> str:
+        start, end = finding.period
+        resource = finding.group.get("resource_id", "?")
+        job = finding.subject.get("job")
+        whose = f" (job {job})" if job else ""
+        sentence = (
+            f"{resource}{whose} has had {self.metric} below {amount_text(finding.threshold)} "
+            f"for at least {format_duration(int(end - start))} "
+            f"(peak {amount_text(finding.value)})"
+        )
+        if self.reclaim is not None:
+            how = "planned only, dry run" if self.mode == "dry_run" else "live"
+            sentence += (
+                f"; reclaim via {self.reclaim.connector} after "
+                f"{format_duration(self.reclaim.grace)} grace ({how})"
+            )
+        return sentence + "."
+
+
+def _as_list(values: str | list[str]) -> list[str]:
+    return [values] if isinstance(values, str) else values
+
+
+def _micro(value: float) -> int:
+    return to_micro(exact(value))

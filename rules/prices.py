@@ -1,0 +1,152 @@
+"""The price book (CONTRACT §4) and the arithmetic of money.
+
+Money is an integer number of micro-units of the book's currency. An event's cost is rounded
+once, half to even, from the exact decimal value of the numbers the producer wrote; totals are
+sums of those integers, so they never drift however many events are added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Context, Decimal
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from rules.events import Category, FaultEvent, UsageEvent
+from rules.yaml_source import SourceInvalid, load_document
+
+MICRO = 1_000_000
+_CTX = Context(prec=40, rounding=ROUND_HALF_EVEN)
+_MICRO_D = Decimal(MICRO)
+_HOUR_D = Decimal(3600)
+
+
+class Billing(StrEnum):
+    """Fixed spend is committed whether used or not; elastic spend follows usage."""
+
+    fixed = "fixed"
+    elastic = "elastic"
+
+
+def exact(number: float | int | str | Decimal) -> Decimal:
+    """The decimal a person wrote: ``0.1`` is 0.1, not the binary float nearest to it."""
+    if isinstance(number, Decimal):
+        return number
+    if isinstance(number, float):
+        return Decimal(repr(number))
+    return Decimal(number)
+
+
+def to_micro(amount: Decimal) -> int:
+    """Round an amount of currency to whole micro-units, half to even."""
+    return int(_CTX.multiply(amount, _MICRO_D).to_integral_value(ROUND_HALF_EVEN))
+
+
+def format_micro(micro: int) -> str:
+    """Micro-units as a decimal string with six places: ``1234567890`` → ``"1234.567890"``."""
+    sign = "-" if micro < 0 else ""
+    whole, frac = divmod(abs(micro), MICRO)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+PositivePrice = Annotated[Decimal, Field(ge=0, max_digits=30, decimal_places=12)]
+Unit = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+
+
+class Price(BaseModel):
+    """What one unit of a resource type costs, and how its spend is reported."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    unit: Unit
+    price: PositivePrice
+    category: Category
+    billing: Billing = Billing.elastic
+
+    @property
+    def hourly(self) -> bool:
+        """Priced per unit-hour (``gpu_hour``, ``gb_hour``): the only kind fault waste can use."""
+        return self.unit.endswith("_hour")
+
+
+ResourceTypeKey = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
+
+
+class PriceBookModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+    prices: Annotated[dict[ResourceTypeKey, Price], Field(min_length=1)]
+
+
+class PricingError(ValueError):
+    """An event the book cannot price; the message says which field and why."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """The priced view of a usage event."""
+
+    cost_micro: int
+    category: Category
+    billing: Billing
+
+
+class PriceBook:
+    """Prices events. Built from YAML with ``PriceBook.load`` or from a model in tests."""
+
+    def __init__(self, model: PriceBookModel) -> None:
+        self.currency = model.currency
+        self.prices: dict[str, Price] = dict(model.prices)
+
+    @classmethod
+    def load(cls, path: Path | str) -> PriceBook:
+        doc = load_document(path)
+        try:
+            return cls(PriceBookModel.model_validate(doc.data))
+        except ValidationError as exc:
+            raise SourceInvalid(doc.errors_from(exc)) from exc
+
+    def price_of(self, resource_type: str) -> Price:
+        price = self.prices.get(resource_type)
+        if price is None:
+            raise PricingError(
+                "unknown_resource_type",
+                f"field resource_type: {resource_type!r} is not in the price book",
+            )
+        return price
+
+    def charge(self, event: UsageEvent) -> Charge:
+        """Cost = quantity × price, unless the producer stated the cost itself."""
+        price = self.price_of(event.resource_type)
+        if event.unit != price.unit:
+            raise PricingError(
+                "unit_mismatch",
+                f"field unit: {event.unit!r} but {event.resource_type} is priced per {price.unit!r}",
+            )
+        if event.cost is not None:
+            cost = to_micro(exact(event.cost))
+        else:
+            cost = to_micro(_CTX.multiply(exact(event.quantity), price.price))
+        return Charge(cost, event.category or price.category, price.billing)
+
+    def waste(self, event: FaultEvent) -> int:
+        """units × (lost_seconds + recovery_seconds) / 3600 × hourly price, in micro-units."""
+        price = self.price_of(event.resource_type)
+        if not price.hourly:
+            raise PricingError(
+                "not_hourly",
+                f"field resource_type: {event.resource_type} is priced per {price.unit!r}; "
+                "fault waste needs a per-hour price",
+            )
+        seconds = _CTX.add(exact(event.lost_seconds), exact(event.recovery_seconds))
+        unit_hours = _CTX.divide(_CTX.multiply(Decimal(event.units), seconds), _HOUR_D)
+        return to_micro(_CTX.multiply(unit_hours, price.price))

@@ -1,0 +1,151 @@
+"""What the rule engine may ask of the stored spend: the ``StateView`` protocol.
+
+Two stores answer it: the Redis store the worker reads, and ``InMemoryState`` for rule tests
+and backtests. Keeping the surface this small is what lets the engine stay pure and lets a
+rule test prove what production will do.
+
+Vocabulary shared by both stores:
+
+* **dimensions** of a counted event: its tags, plus the pseudo-tags ``category``,
+  ``resource_type`` and ``billing`` (they win over a tag of the same name); waste also has
+  ``fault`` (the fault type).
+* **match**: dimension → ``fnmatch`` glob, case-sensitive. A dimension an event lacks reads as
+  ``""``, so ``team: "*"`` also matches untagged spend; write ``team: "?*"`` for "has a team".
+* **group**: the values of the ``group_by`` dimensions in that order, ``""`` when absent.
+* **[start, end)**: Unix seconds. A store answers per 5-minute bucket (coarser for old data):
+  a bucket counts when it overlaps the interval, so callers align to ``BUCKET_S``.
+* **amounts**: integer micro-units; ``quantity`` is ``round(quantity * 1e6)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Literal, Protocol, runtime_checkable
+
+Measure = Literal["cost", "quantity", "waste"]
+Group = tuple[str, ...]
+
+BUCKET_S = 300
+PSEUDO_TAGS = ("category", "resource_type", "billing")
+WASTE_ONLY_DIMENSIONS = ("fault",)
+
+
+@dataclass(frozen=True)
+class ResourceSamples:
+    """Gauge samples of one resource, ``(unix ts, value)`` ascending."""
+
+    resource_id: str
+    resource_type: str
+    tags: Mapping[str, str]
+    points: Sequence[tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """A fault as inhibition needs it: which job, when, and how long recovery took."""
+
+    ts: float
+    fault: str
+    resource_type: str
+    units: int
+    lost_seconds: float
+    recovery_seconds: float
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def recovered_at(self) -> float:
+        return self.ts + self.recovery_seconds
+
+
+class StateView(Protocol):
+    """The read side of the stored totals, as the rule kinds use it."""
+
+    def totals(
+        self,
+        measure: Measure,
+        match: Mapping[str, str],
+        group_by: Sequence[str],
+        start: float,
+        end: float,
+    ) -> dict[Group, int]:
+        """Sum of ``measure`` over [start, end) per group of the matching dimensions."""
+        ...
+
+    def samples(
+        self, metric: str, match: Mapping[str, str], since: float
+    ) -> list[ResourceSamples]:
+        """Samples of ``metric`` at or after ``since`` of every resource whose tags (plus
+        ``resource_type``) match."""
+        ...
+
+
+@runtime_checkable
+class HistoryView(Protocol):
+    """Optional: how far back the data of a selection goes.
+
+    Growth rules use it so that a rule never compares against a baseline that had no data
+    yet (the first day of a new project is not a spike).
+    """
+
+    def earliest(self, measure: Measure, match: Mapping[str, str]) -> float | None:
+        """Start of the oldest bucket holding ``measure`` for the selection, or ``None``."""
+        ...
+
+
+@runtime_checkable
+class FaultHistory(Protocol):
+    """Optional: the recent faults, for inhibition."""
+
+    def faults(self, since: float) -> list[FaultRecord]:
+        """Faults with ``ts >= since``, oldest first."""
+        ...
+
+
+def matches(match: Mapping[str, str], dimensions: Mapping[str, str]) -> bool:
+    """Whether ``dimensions`` satisfy every glob of ``match`` (absent reads as ``""``)."""
+    return all(fnmatchcase(dimensions.get(key, ""), pattern) for key, pattern in match.items())
+
+
+def group_of(group_by: Sequence[str], dimensions: Mapping[str, str]) -> Group:
+    """The group a set of dimensions falls in."""
+    return tuple(dimensions.get(key, "") for key in group_by)
+
+
+def literal(value: str) -> str:
+    """A glob that matches exactly ``value``, even if it contains ``*``, ``?`` or ``[``."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in value)
+
+
+def narrowed(
+    match: Mapping[str, str], group_by: Sequence[str], group: Group
+) -> dict[str, str]:
+    """``match`` restricted to one group: how a kind asks for that group's contributors."""
+    narrowed_match = dict(match)
+    for key, value in zip(group_by, group, strict=True):
+        narrowed_match[key] = literal(value)
+    return narrowed_match
+
+
+def align_down(ts: float, step: int = BUCKET_S) -> int:
+    """Start of the bucket holding ``ts``."""
+    return int(ts) // step * step
+
+
+def dimensions_of(
+    tags: Mapping[str, str], resource_type: str, category: str | None, billing: str | None
+) -> dict[str, str]:
+    """Tags plus pseudo-tags; the pseudo-tags win over a tag of the same name."""
+    dims = dict(tags)
+    dims["resource_type"] = resource_type
+    if category is not None:
+        dims["category"] = category
+    if billing is not None:
+        dims["billing"] = billing
+    return dims
+
+
+def through(now: float) -> int:
+    """End of the bucket holding ``now``: a total "so far" includes the bucket in progress."""
+    return align_down(now) + BUCKET_S

@@ -1,0 +1,1 @@
+"""The composition root: settings, the Faust app, local services and the command line."""

@@ -1,0 +1,5 @@
+"""``python -m streams`` is ``costline``."""
+
+from streams.cli import main
+
+main()

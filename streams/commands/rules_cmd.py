@@ -1,0 +1,137 @@
+"""``costline rules``: validate, schema, test and backtest rule files (CONTRACT §6).
+
+Everything here is offline: these commands read files and run the pure engine, so they work
+in CI and in an editor hook without Kafka or Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from rules.backtest import read_events, run_backtest
+from rules.durations import parse_time
+from rules.engine import Engine
+from rules.loader import load_rules, rule_files, rules_json_schema
+from rules.memory_state import InMemoryState
+from rules.prices import PriceBook
+from rules.ruletest import TestReport, run_rule_tests
+from rules.yaml_source import SourceInvalid
+from streams.cli import settings_of
+from streams.commands import command_group
+
+rules_app = typer.Typer(
+    name="rules",
+    help="Rule files: validate, print the JSON Schema, run rule tests, backtest.",
+    no_args_is_help=True,
+)
+
+
+@rules_app.command("validate")
+def validate(
+    ctx: typer.Context,
+    paths: list[Path] = typer.Argument(..., help="Rule files or directories of them."),
+) -> None:
+    """Exit 0 if every rule file is valid; else print FILE:LINE:COL: message per problem."""
+    settings = settings_of(ctx)
+    try:
+        ruleset = load_rules(paths, settings.timezone)
+    except SourceInvalid as exc:
+        _problems(exc)
+    files = len(rule_files(paths))
+    typer.echo(f"ok: {len(ruleset)} rules in {files} file{'s' if files != 1 else ''}")
+
+
+@rules_app.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of rule files (for editors and CI)."""
+    typer.echo(json.dumps(rules_json_schema(), indent=2))
+
+
+@rules_app.command("test")
+def test(
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., help="A rule test file (rule_files, prices, tests)."),
+) -> None:
+    """Run rule unit tests: given events, expect alerts. Exit 1 if any test fails."""
+    settings = settings_of(ctx)
+    try:
+        report = run_rule_tests(file, settings.prices, settings.timezone)
+    except SourceInvalid as exc:
+        _problems(exc)
+    _print_report(report)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@rules_app.command("backtest")
+def backtest(
+    ctx: typer.Context,
+    rules: Path = typer.Option(..., "--rules", help="Rule file or directory."),
+    events: Path = typer.Option(..., "--events", help="Recorded events, JSON lines."),
+    until: str | None = typer.Option(
+        None, "--until", help="Evaluate up to this time (RFC 3339); default: the last event."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the alert changes as JSON."),
+) -> None:
+    """Show which alerts the rules would have raised on recorded events, and when."""
+    settings = settings_of(ctx)
+    try:
+        end = None if until is None else parse_time(until)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--until") from exc
+    try:
+        prices = PriceBook.load(settings.prices)
+        engine = Engine.for_prices(load_rules([rules], settings.timezone), prices)
+    except SourceInvalid as exc:
+        _problems(exc)
+    try:
+        recording = read_events(events)
+    except OSError as exc:
+        typer.echo(f"{events}: cannot read: {exc.strerror}", err=True)
+        raise typer.Exit(1) from exc
+    result = run_backtest(engine, InMemoryState(prices), recording.events, end)
+    for problem in [*recording.rejected, *result.rejected]:
+        typer.echo(f"skipped: {problem}", err=True)
+    if as_json:
+        typer.echo(json.dumps(result.changes, indent=2))
+        return
+    for change in result.changes:
+        typer.echo(_change_line(change))
+    fired = len({c["alert_id"] for c in result.changes if c["state"] == "firing"})
+    typer.echo(
+        f"{result.counted} events, {len(result.changes)} alert changes, "
+        f"{fired} alert{'' if fired == 1 else 's'} fired"
+    )
+
+
+def _problems(exc: SourceInvalid) -> None:
+    for error in exc.errors:
+        typer.echo(str(error))
+    raise typer.Exit(1)
+
+
+def _print_report(report: TestReport) -> None:
+    for outcome in report.outcomes:
+        typer.echo(f"{'PASS' if outcome.passed else 'FAIL'}  {outcome.name}")
+        for problem in outcome.problems:
+            typer.echo(f"      {problem}")
+    failed = sum(not o.passed for o in report.outcomes)
+    verdict = "FAILED" if failed else "SUCCESS"
+    typer.echo(f"{verdict}: {len(report.outcomes) - failed} passed, {failed} failed")
+
+
+def _change_line(change: dict[str, Any]) -> str:
+    group = ",".join(f"{k}={v}" for k, v in (change.get("group") or {}).items()) or "-"
+    return (
+        f"{change['at']}  {change['state']:<9} {change['rule']:<24} {group:<32} "
+        f"{change['line']:<10} {change['value']} (line {change['threshold']})"
+    )
+
+
+@command_group
+def register(app: typer.Typer) -> None:
+    app.add_typer(rules_app, name="rules")

@@ -1,0 +1,34 @@
+"""The dead-letter record of a refused input message (CONTRACT §2, ``NS.dlq.v1``).
+
+The record keeps the exact bytes (base64, and as text when they are UTF-8) with where they came
+from and why they were refused. Its key is ``topic:partition:offset``: should a crash make the
+worker refuse the same message twice, the two records share a key and a reader (or log
+compaction) keeps one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+
+def dead_letter(topic: str, partition: int, offset: int, raw: bytes | None, code: str,
+                reason: str) -> tuple[bytes, bytes]:
+    """(key, value) of the dead-letter record."""
+    raw = raw or b""
+    record: dict[str, object] = {
+        "source_topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "code": code,
+        "reason": reason,
+        "raw_b64": base64.b64encode(raw).decode(),
+        "refused_at": time.time(),
+    }
+    try:
+        record["raw"] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    key = f"{topic}:{partition}:{offset}".encode()
+    return key, json.dumps(record, separators=(",", ":")).encode()

@@ -1,0 +1,39 @@
+"""``costline stack``: Kafka and Redis on loopback for development, tests and the demo.
+
+Importing the package registers every service kind (``brokers``, ``stores``); the verbs are
+plain functions over a state folder::
+
+    info = up(Path(".costline/dev"), kafka="apache", redis="system")
+    restart(Path(".costline/dev"), "redis")   # by role or by name ("redis-server")
+    down(Path(".costline/dev"))
+"""
+
+from __future__ import annotations
+
+from streams.stack import brokers, stores  # noqa: F401 - fill the service registry
+from streams.stack.control import (
+    ServiceState,
+    StackInfo,
+    down,
+    restart,
+    start,
+    status,
+    stop,
+    up,
+)
+from streams.stack.errors import StackError
+from streams.stack.services import SERVICES, flavors
+
+__all__ = [
+    "SERVICES",
+    "ServiceState",
+    "StackError",
+    "StackInfo",
+    "down",
+    "flavors",
+    "restart",
+    "start",
+    "status",
+    "stop",
+    "up",
+]

@@ -1,0 +1,7 @@
+"""The one error the local stack raises: its message tells the user what to do next."""
+
+from __future__ import annotations
+
+
+class StackError(RuntimeError):
+    """A local service could not be prepared, started, found or stopped."""

@@ -1,0 +1,26 @@
+"""The topics of CONTRACT §2, as the settings name and size them."""
+
+from __future__ import annotations
+
+from connectors.kafka import TopicSpec, admin, ensure_topics
+from streams.settings import Settings
+
+INPUTS = ("usage", "faults")
+OUTPUTS = ("alerts", "actions", "dlq")
+
+
+def topic_specs(settings: Settings, partitions: int | None = None) -> list[TopicSpec]:
+    """Input topics get ``partitions`` (the unit of parallelism); outputs are low-volume."""
+    wide = partitions or settings.partitions
+    specs = [TopicSpec(settings.topic(name), wide) for name in INPUTS]
+    specs += [TopicSpec(settings.topic(name), 1) for name in OUTPUTS]
+    return specs
+
+
+def create_topics(settings: Settings, partitions: int | None = None) -> list[str]:
+    """Create the missing topics; returns the names created (idempotent)."""
+    client = admin(settings.kafka_bootstrap)
+    try:
+        return ensure_topics(client, topic_specs(settings, partitions))
+    finally:
+        client.close()

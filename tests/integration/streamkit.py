@@ -1,0 +1,223 @@
+"""Helpers for tests that run the real worker against real Kafka and Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from redis import Redis
+
+from rules.prices import PriceBook, exact, to_micro
+
+REPO = Path(__file__).resolve().parents[2]
+PRICES = PriceBook.load(REPO / "rules" / "prices" / "example.yaml")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Worker:
+    """``costline worker`` as a child process with its own namespace and port."""
+
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        handle = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streams", "worker", "--loglevel", "warning"],
+            cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def worker_env(namespace: str, bootstrap: str, redis_url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        COSTLINE_NAMESPACE=namespace,
+        COSTLINE_KAFKA_BOOTSTRAP=bootstrap,
+        COSTLINE_REDIS_URL=redis_url,
+        COSTLINE_WEB_PORT=str(free_port()),
+        COSTLINE_PARTITIONS="4",
+        # A killed worker stays in its group until its session times out: keep that short.
+        COSTLINE_KAFKA_SESSION_TIMEOUT_S="6",
+        COSTLINE_KAFKA_REBALANCE_TIMEOUT_S="10",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def run_cli(env: Mapping[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "streams", *args], cwd=REPO, env=dict(env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def spend_json(env: Mapping[str, str], *args: str) -> dict[str, Any]:
+    done = run_cli(env, "spend", "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@dataclass
+class Ledger:
+    """The independent expectation: what the totals must be, computed without costline's fold."""
+
+    seen: set[str] = field(default_factory=set)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def count(self, event: dict[str, Any]) -> None:
+        if event["event_id"] not in self.seen:
+            self.seen.add(event["event_id"])
+            self.events.append(event)
+
+    def total(self, measure: str, by: Sequence[str], where: Mapping[str, str],
+              start: float, end: float) -> dict[tuple[str, ...], int]:
+        out: dict[tuple[str, ...], int] = {}
+        for event in self.events:
+            micro, dims = _expected(event, measure)
+            if micro is None or not (start <= _ts(event) < end):
+                continue
+            if any(dims.get(k, "") != v for k, v in where.items()):
+                continue
+            group = tuple(dims.get(k, "") for k in by)
+            out[group] = out.get(group, 0) + micro
+        return out
+
+
+def _ts(event: Mapping[str, Any]) -> float:
+    ts = event["ts"]
+    if isinstance(ts, str):
+        from datetime import datetime
+
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    return float(ts)
+
+
+def _expected(event: Mapping[str, Any], measure: str) -> tuple[int | None, dict[str, str]]:
+    price = PRICES.prices[event["resource_type"]]
+    dims = {**event.get("tags", {}), "resource_type": event["resource_type"],
+            "category": price.category.value, "billing": price.billing.value}
+    if event["kind"] == "usage" and measure == "cost":
+        if "category" in event:
+            dims["category"] = event["category"]
+        amount = exact(event["cost"]) if "cost" in event else exact(event["quantity"]) * price.price
+        return to_micro(amount), dims
+    if event["kind"] == "fault" and measure == "waste":
+        seconds = exact(event["lost_seconds"]) + exact(event["recovery_seconds"])
+        return to_micro(Decimal(event["units"]) * seconds / Decimal(3600) * price.price), dims
+    return None, dims
+
+
+def micro_of(text: str) -> int:
+    return to_micro(Decimal(text))
+
+
+def rows_by_group(report: Mapping[str, Any], by: Sequence[str], measure: str
+                  ) -> dict[tuple[str, ...], int]:
+    out = {}
+    for row in report["rows"]:
+        value = micro_of(row[measure])
+        if value:
+            out[tuple(row["group"].get(k, "") for k in by)] = value
+    return out
+
+
+def produce(bootstrap: str, topic: str, messages: Iterable[tuple[bytes, bytes]]) -> int:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=10,
+                             enable_idempotence=True)
+    sent = 0
+    for key, value in messages:
+        producer.send(topic, value, key=key)
+        sent += 1
+    producer.flush(60)
+    producer.close()
+    return sent
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+        return {tp.partition: offset for tp, offset in ends.items()}
+    finally:
+        consumer.close()
+
+
+def wait_caught_up(redis: Redis, namespace: str, source: str, ends: Mapping[int, int],
+                   worker: Worker | None = None, timeout: float = 180) -> None:
+    """Until every partition's Redis watermark reached its end offset."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        behind = {
+            p: end for p, end in ends.items()
+            if end > 0 and int(redis.get(f"{{{namespace}:{source}:{p}}}:wm") or -1) < end - 1
+        }
+        if not behind:
+            return
+        if worker is not None and not worker.alive():
+            raise AssertionError(f"worker died; see {worker.log}")
+        time.sleep(0.25)
+    raise AssertionError(f"not caught up after {timeout}s: {behind}")
+
+
+def read_all(bootstrap: str, topic: str, timeout_s: float = 10) -> list[Any]:
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=int(timeout_s * 1000))
+    try:
+        return list(consumer)
+    finally:
+        consumer.close()
+
+
+def usage_event(rng: random.Random, event_id: str, ts: float) -> dict[str, Any]:
+    kind = rng.choice(["gpu", "gpu", "gpu", "ssd", "egress", "logs"])
+    shape = {
+        "gpu": ("gpu.h100", "gpu_hour", round(rng.uniform(0.1, 8.0), 3)),
+        "ssd": ("storage.ssd", "gb_hour", round(rng.uniform(10, 5000), 2)),
+        "egress": ("network.egress", "gb", round(rng.uniform(0.01, 50), 4)),
+        "logs": ("logs.ingest", "gb", round(rng.uniform(0.001, 3), 5)),
+    }[kind]
+    return {
+        "event_id": event_id, "kind": "usage", "ts": ts, "resource_id": f"node-{rng.randrange(64)}",
+        "resource_type": shape[0], "unit": shape[1], "quantity": shape[2],
+        "tags": {"team": rng.choice(["pretrain", "posttrain", "eval", "infra"]),
+                 "env": rng.choice(["prod", "dev"]), "job": f"run-{rng.randrange(40)}"},
+    }

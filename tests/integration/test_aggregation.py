@@ -1,0 +1,297 @@
+"""The aggregation against the real Kafka and Redis: exact totals, dead letters, crashes."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from streams.settings import Settings
+from streams.topics import create_topics
+from tests.integration.streamkit import (
+    Ledger,
+    Worker,
+    end_offsets,
+    free_port,
+    produce,
+    read_all,
+    rows_by_group,
+    spend_json,
+    usage_event,
+    wait_caught_up,
+    worker_env,
+)
+
+pytestmark = pytest.mark.integration
+
+DAY = 1795824000  # 2026-11-28T00:00:00Z, in the past whenever the tests run
+AT = "2026-11-28T12:00:00Z"
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def worker(services, namespace: str, tmp_path: Path) -> Iterator[Worker]:
+    env = worker_env(namespace, services.bootstrap, services.redis_url)
+    create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=namespace, partitions=4))
+    proc = Worker(env, tmp_path / "worker.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def _malformed(rng: random.Random) -> list[bytes]:
+    good = usage_event(rng, "m-x", DAY + 100)
+    cases = [
+        b"not json at all",
+        b"\xff\xfe\x00",
+        json.dumps({**good, "surprise": 1}).encode(),
+        json.dumps({**good, "quantity": -1}).encode(),
+        json.dumps({**good, "resource_type": "gpu.nonexistent"}).encode(),
+        json.dumps({**good, "unit": "parsec"}).encode(),
+        json.dumps({**good, "ts": time.time() + 86400}).encode(),
+        json.dumps([good, {**good, "event_id": "bad id!"}]).encode(),
+        b"[]",
+        json.dumps({k: v for k, v in good.items() if k != "tags" and k != "quantity"}).encode(),
+    ]
+    return cases
+
+
+def _stream(seed: int, n: int, batch_share: float = 0.2
+            ) -> tuple[list[tuple[bytes, bytes]], Ledger, list[bytes]]:
+    """Single events, batches, resends of the same event_id and malformed messages, shuffled
+    timestamps within the day."""
+    rng = random.Random(seed)
+    ledger = Ledger()
+    messages: list[tuple[bytes, bytes]] = []
+    bad: list[bytes] = []
+    i = 0
+    while i < n:
+        if rng.random() < batch_share:
+            batch = [usage_event(rng, f"e{i + j}", DAY + rng.randrange(86400)) for j in range(50)]
+            i += 50
+            messages.append((batch[0]["event_id"].encode(), json.dumps(batch).encode()))
+            for event in batch:
+                ledger.count(event)
+        else:
+            event = usage_event(rng, f"e{i}", DAY + rng.randrange(86400))
+            i += 1
+            value = json.dumps(event).encode()
+            messages.append((event["event_id"].encode(), value))
+            ledger.count(event)
+            if rng.random() < 0.1:  # a producer resend: same id, same key
+                messages.append((event["event_id"].encode(), value))
+        if rng.random() < 0.01:
+            raw = rng.choice(_malformed(rng))
+            bad.append(raw)
+            messages.append((b"bad", raw))
+    return messages, ledger, bad
+
+
+def test_spend_equals_independent_totals_and_dead_letters_are_exact(services, worker, namespace):
+    messages, ledger, bad = _stream(seed=7, n=6000)
+    for raw in _malformed(random.Random(1)):  # every malformed kind at least once
+        messages.append((b"bad", raw))
+        bad.append(raw)
+    topic = f"{namespace}.usage.v1"
+    produce(services.bootstrap, topic, messages)
+    redis = Redis.from_url(services.redis_url)
+    wait_caught_up(redis, namespace, "usage", end_offsets(services.bootstrap, topic), worker)
+
+    env = worker.env
+    day_start, day_end = DAY, DAY + 86400
+    for by, where in [((), {}), (("team",), {}), (("team", "env"), {"env": "prod"}),
+                      (("category", "resource_type"), {}), (("job",), {"team": "eval"}),
+                      (("billing",), {})]:
+        args = ["--period", "day", "--at", AT]
+        if by:
+            args += ["--by", ",".join(by)]
+        for key, value in where.items():
+            args += ["--where", f"{key}={value}"]
+        report = spend_json(env, *args)
+        expected = ledger.total("cost", by, where, day_start, day_end)
+        assert rows_by_group(report, by, "cost") == {k: v for k, v in expected.items() if v}, (
+            by, where)
+        costs = [row["cost"] for row in report["rows"]]
+        assert costs == sorted(costs, key=float, reverse=True)
+
+    letters = {m.key: json.loads(m.value) for m in read_all(services.bootstrap,
+                                                            f"{namespace}.dlq.v1")}
+    assert sorted(base_raw(v) for v in letters.values()) == sorted(bad)
+    assert all(v["reason"] and v["source_topic"] == topic for v in letters.values())
+
+
+def base_raw(letter: dict) -> bytes:
+    import base64
+
+    return base64.b64decode(letter["raw_b64"])
+
+
+def test_faults_add_waste_and_leave_spend_unchanged(services, worker, namespace):
+    rng = random.Random(3)
+    usage = [usage_event(rng, f"u{i}", DAY + 3600 + i) for i in range(200)]
+    faults = [
+        {"event_id": "f-1", "kind": "fault", "ts": DAY + 7200, "fault": "node_failure",
+         "resource_type": "gpu.h100", "units": 512, "lost_seconds": 1800,
+         "recovery_seconds": 900, "tags": {"team": "pretrain", "job": "run-42"}},
+        {"event_id": "f-2", "kind": "fault", "ts": DAY + 7300, "fault": "comm_timeout",
+         "resource_type": "gpu.h100", "units": 64, "lost_seconds": 600.5,
+         "recovery_seconds": 120, "tags": {"team": "pretrain", "job": "run-42"}},
+    ]
+    produce(services.bootstrap, f"{namespace}.usage.v1",
+            [(e["event_id"].encode(), json.dumps(e).encode()) for e in usage])
+    redis = Redis.from_url(services.redis_url)
+    wait_caught_up(redis, namespace, "usage",
+                   end_offsets(services.bootstrap, f"{namespace}.usage.v1"), worker)
+    before = spend_json(worker.env, "--period", "day", "--at", AT)
+    produce(services.bootstrap, f"{namespace}.faults.v1",
+            [(e["event_id"].encode(), json.dumps(e).encode()) for e in faults] * 2)
+    wait_caught_up(redis, namespace, "faults",
+                   end_offsets(services.bootstrap, f"{namespace}.faults.v1"), worker)
+    after = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team")
+    total_cost = sum(int(r["cost"].replace(".", "")) for r in after["rows"])
+    assert total_cost == int(before["rows"][0]["cost"].replace(".", ""))
+    pretrain = next(r for r in after["rows"] if r["group"]["team"] == "pretrain")
+    # 512 × 2700 s and 64 × 720.5 s of gpu.h100 at 2.49/h, each counted once
+    assert pretrain["waste"] == "988.054133"
+
+
+def test_calendar_day_follows_the_configured_time_zone(services, namespace, tmp_path):
+    env = worker_env(namespace, services.bootstrap, services.redis_url,
+                     COSTLINE_TIMEZONE="Asia/Shanghai")
+    create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=namespace, partitions=4))
+    proc = Worker(env, tmp_path / "worker.log")
+    proc.start()
+    try:
+        late = {"event_id": "late", "kind": "usage", "ts": "2026-11-27T23:30:00Z",
+                "resource_id": "n1", "resource_type": "gpu.h100", "quantity": 1, "unit":
+                "gpu_hour", "tags": {"team": "pretrain"}}
+        produce(services.bootstrap, f"{namespace}.usage.v1", [(b"late", json.dumps(late).encode())])
+        wait_caught_up(Redis.from_url(services.redis_url), namespace, "usage",
+                       end_offsets(services.bootstrap, f"{namespace}.usage.v1"), proc)
+        nov27 = spend_json(env, "--period", "day", "--at", "2026-11-27T12:00:00+08:00")
+        nov28 = spend_json(env, "--period", "day", "--at", "2026-11-28T12:00:00+08:00")
+        assert nov27["rows"] == []
+        assert nov28["rows"][0]["cost"] == "2.490000"
+        assert nov28["period"]["start"] == "2026-11-27T16:00:00Z"
+        utc = spend_json(env, "--period", "day", "--at", "2026-11-27T12:00:00Z", "--tz", "UTC")
+        assert utc["rows"][0]["cost"] == "2.490000"
+    finally:
+        proc.stop()
+
+
+def test_totals_stay_exact_when_the_worker_is_killed_repeatedly(services, worker, namespace):
+    rng = random.Random(11)
+    messages, ledger, _ = _stream(seed=11, n=200_000, batch_share=0.02)
+    topic = f"{namespace}.usage.v1"
+    produce(services.bootstrap, topic, messages)
+    ends = end_offsets(services.bootstrap, topic)
+    redis = Redis.from_url(services.redis_url)
+    total = sum(ends.values())
+    kills = 0
+    for fraction in sorted(rng.uniform(0.05, 0.9) for _ in range(5)):
+        _wait_progress(redis, namespace, ends, fraction * total, worker)
+        worker.kill9()
+        kills += 1
+        worker.start()
+    wait_caught_up(redis, namespace, "usage", ends, worker, timeout=300)
+    report = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team,job")
+    assert rows_by_group(report, ("team", "job"), "cost") == ledger.total(
+        "cost", ("team", "job"), {}, DAY, DAY + 86400)
+    assert kills == 5 and worker.starts == 6
+
+
+def _wait_progress(redis: Redis, namespace: str, ends: dict[int, int], target: float,
+                   worker: Worker, timeout: float = 180) -> None:
+    """Until the watermarks together passed ``target`` messages."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        done = sum(int(redis.get(f"{{{namespace}:usage:{p}}}:wm") or -1) + 1 for p in ends)
+        if done >= target:
+            return
+        assert worker.alive(), f"worker died; see {worker.log}"
+        time.sleep(0.05)
+    raise AssertionError(f"no progress to {target} messages in {timeout}s")
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[tuple[str, callable]]:
+    """A Redis of our own (appendonly, fsync every second) that the test may kill and restart."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    data = tmp_path / "redis"
+    data.mkdir()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+    state = {"proc": subprocess.Popen(argv, stdout=subprocess.DEVNULL)}
+
+    def restart(kill: bool) -> None:
+        proc = state["proc"]
+        proc.kill() if kill else proc.terminate()
+        proc.wait(10)
+        time.sleep(1.0)
+        state["proc"] = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+
+    url = f"redis://127.0.0.1:{port}/0"
+    _wait_ping(url)
+    yield url, restart
+    state["proc"].kill()
+
+
+def _wait_ping(url: str) -> None:
+    client = Redis.from_url(url)
+    for _ in range(100):
+        try:
+            if client.ping():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.1)
+    raise AssertionError(f"redis at {url} did not start")
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["restart", "kill-9"])
+def test_totals_are_exact_after_redis_restarts_mid_stream(services, namespace, tmp_path,
+                                                          private_redis, kill):
+    url, restart = private_redis
+    env = worker_env(namespace, services.bootstrap, url)
+    create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=namespace, partitions=4))
+    proc = Worker(env, tmp_path / "worker.log")
+    proc.start()
+    try:
+        messages, ledger, _ = _stream(seed=5, n=60_000)
+        topic = f"{namespace}.usage.v1"
+        produce(services.bootstrap, topic, messages)
+        time.sleep(6)
+        restart(kill)
+        _wait_ping(url)
+        wait_caught_up(Redis.from_url(url), namespace, "usage",
+                       end_offsets(services.bootstrap, topic), proc, timeout=240)
+        assert proc.alive()
+        report = spend_json(env, "--period", "day", "--at", AT, "--by", "team")
+        assert rows_by_group(report, ("team",), "cost") == ledger.total(
+            "cost", ("team",), {}, DAY, DAY + 86400)
+    finally:
+        proc.stop()
+
+
+# TEMP-SERVICES
+@pytest.fixture
+def services():
+    import os
+    from types import SimpleNamespace
+
+    return SimpleNamespace(bootstrap=os.environ["COSTLINE_KAFKA_BOOTSTRAP"],
+                           redis_url=os.environ["COSTLINE_REDIS_URL"])

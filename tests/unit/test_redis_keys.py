@@ -1,0 +1,173 @@
+"""Time buckets: local dates of slots, and the fewest buckets that cover a range."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, time, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from connectors.redis_keys import Calendar, cover
+
+ZONES = ["UTC", "Asia/Shanghai", "Asia/Kolkata", "Asia/Kathmandu", "America/New_York",
+         "America/Santiago", "Australia/Lord_Howe", "Pacific/Chatham", "America/St_Johns"]
+SIZES = {"5m": 300, "1h": 3600}
+
+
+def at(text: str) -> int:
+    """Unix seconds of an RFC 3339 time with an offset."""
+    return int(datetime.fromisoformat(text).timestamp())
+
+
+def midnight(day: date, zone: ZoneInfo) -> int:
+    return int(datetime.combine(day, time(0), tzinfo=zone).timestamp())
+
+
+def interval(bucket: tuple[str, str | int], zone: ZoneInfo) -> tuple[int, int]:
+    """[start, end) in Unix seconds of a bucket, computed independently of the code under test."""
+    size, label = bucket
+    if size == "1d":
+        day = date.fromisoformat(str(label))
+        return midnight(day, zone), midnight(day + timedelta(days=1), zone)
+    assert isinstance(label, int)
+    return label, label + SIZES[size]
+
+
+def intervals(start: int, end: int, zone_name: str) -> list[tuple[int, int]]:
+    zone = ZoneInfo(zone_name)
+    return [interval(b, zone) for b in cover(start, end, Calendar(zone_name))]
+
+
+def assert_exact_cover(spans: list[tuple[int, int]], start: int, end: int) -> None:
+    """Sorted, no gaps, no overlaps, first start and last end on the range's ends."""
+    assert spans, "an empty cover"
+    assert spans[0][0] == start
+    assert spans[-1][1] == end
+    for (_, previous_end), (next_start, _) in zip(spans, spans[1:], strict=False):
+        assert next_start == previous_end
+    assert sum(e - s for s, e in spans) == end - start
+
+
+def test_a_whole_local_day_in_shanghai_is_one_day_bucket():
+    start, end = at("2026-11-30T00:00:00+08:00"), at("2026-12-01T00:00:00+08:00")
+    assert list(cover(start, end, Calendar("Asia/Shanghai"))) == [("1d", "2026-11-30")]
+
+
+def test_a_whole_utc_day_in_shanghai_is_not_a_local_day():
+    start, end = at("2026-11-30T00:00:00Z"), at("2026-12-01T00:00:00Z")
+    buckets = list(cover(start, end, Calendar("Asia/Shanghai")))
+    assert ("1d", "2026-11-30") not in buckets
+    assert {size for size, _ in buckets} == {"1h"}
+    assert len(buckets) == 24
+
+
+def test_a_local_month_in_shanghai_is_the_days_of_the_month():
+    start, end = at("2026-11-01T00:00:00+08:00"), at("2026-12-01T00:00:00+08:00")
+    expected = [("1d", f"2026-11-{day:02d}") for day in range(1, 31)]
+    assert list(cover(start, end, Calendar("Asia/Shanghai"))) == expected
+
+
+def test_a_utc_range_from_ten_past_five_to_one_is_slots_then_hours():
+    start, end = at("2026-11-30T10:05:00Z"), at("2026-11-30T13:00:00Z")
+    slots = [("5m", at(f"2026-11-30T10:{minute:02d}:00Z")) for minute in range(5, 60, 5)]
+    hours = [("1h", at("2026-11-30T11:00:00Z")), ("1h", at("2026-11-30T12:00:00Z"))]
+    assert list(cover(start, end, Calendar("UTC"))) == slots + hours
+
+
+def test_a_range_ending_mid_hour_ends_with_slots():
+    start, end = at("2026-11-30T11:00:00Z"), at("2026-11-30T12:10:00Z")
+    assert list(cover(start, end, Calendar("UTC"))) == [
+        ("1h", at("2026-11-30T11:00:00Z")),
+        ("5m", at("2026-11-30T12:00:00Z")),
+        ("5m", at("2026-11-30T12:05:00Z")),
+    ]
+
+
+def test_a_range_is_rounded_out_to_five_minute_boundaries():
+    start, end = at("2026-11-30T11:01:00Z"), at("2026-11-30T11:09:59Z")
+    assert list(cover(start, end, Calendar("UTC"))) == [
+        ("5m", at("2026-11-30T11:00:00Z")),
+        ("5m", at("2026-11-30T11:05:00Z")),
+    ]
+
+
+def test_an_empty_aligned_range_has_no_buckets():
+    t = at("2026-11-30T11:00:00Z")
+    assert list(cover(t, t, Calendar("UTC"))) == []
+
+
+@pytest.mark.parametrize("start", ["2026-11-01T12:00:00Z", "2026-11-01T12:05:00Z",
+                                   "2026-11-01T18:30:00Z"])
+def test_a_range_in_kolkata_with_its_half_hour_offset_is_covered_exactly(start):
+    start_ts, end_ts = at(start), at("2026-11-04T03:05:00Z")
+    assert_exact_cover(intervals(start_ts, end_ts, "Asia/Kolkata"), start_ts, end_ts)
+
+
+def test_a_kolkata_range_reaching_local_midnight_by_slots_switches_to_day_buckets():
+    start, end = at("2026-11-01T18:05:00Z"), at("2026-11-03T20:00:00Z")
+    slots = [("5m", at(f"2026-11-01T18:{minute:02d}:00Z")) for minute in range(5, 30, 5)]
+    days = [("1d", "2026-11-02"), ("1d", "2026-11-03")]
+    tail = [("5m", at("2026-11-03T18:30:00Z")), ("5m", at("2026-11-03T18:35:00Z")),
+            ("5m", at("2026-11-03T18:40:00Z")), ("5m", at("2026-11-03T18:45:00Z")),
+            ("5m", at("2026-11-03T18:50:00Z")), ("5m", at("2026-11-03T18:55:00Z")),
+            ("1h", at("2026-11-03T19:00:00Z"))]
+    assert list(cover(start, end, Calendar("Asia/Kolkata"))) == slots + days + tail
+
+
+def test_a_kolkata_range_starting_on_a_utc_hour_still_uses_day_buckets():
+    start, end = at("2026-11-01T18:00:00Z"), at("2026-11-03T18:30:00Z")
+    slots = [("5m", at(f"2026-11-01T18:{minute:02d}:00Z")) for minute in range(0, 30, 5)]
+    expected = slots + [("1d", "2026-11-02"), ("1d", "2026-11-03")]
+    assert list(cover(start, end, Calendar("Asia/Kolkata"))) == expected
+
+
+@pytest.mark.parametrize(
+    ("zone", "day", "hours"),
+    [("America/New_York", "2026-03-08", 23), ("America/New_York", "2026-11-01", 25),
+     ("America/Santiago", "2026-09-06", 23), ("America/Santiago", "2026-04-04", 25),
+     ("Australia/Lord_Howe", "2026-04-05", 24.5)],
+)
+def test_a_local_day_of_a_clock_change_is_one_day_bucket(zone, day, hours):
+    local = ZoneInfo(zone)
+    start = midnight(date.fromisoformat(day), local)
+    end = midnight(date.fromisoformat(day) + timedelta(days=1), local)
+    assert end - start == hours * 3600
+    assert list(cover(start, end, Calendar(zone))) == [("1d", day)]
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    zone=st.sampled_from(ZONES),
+    first=st.integers(min_value=at("2025-01-01T00:00:00Z") // 300,
+                      max_value=at("2027-12-31T00:00:00Z") // 300),
+    slots=st.one_of(st.integers(min_value=1, max_value=300),
+                    st.integers(min_value=1, max_value=45 * 288)),
+)
+def test_buckets_are_sorted_disjoint_and_cover_any_aligned_range_exactly(zone, first, slots):
+    start, end = first * 300, (first + slots) * 300
+    buckets = list(cover(start, end, Calendar(zone)))
+    for size, label in buckets:
+        if size != "1d":
+            assert label % SIZES[size] == 0
+    assert_exact_cover(intervals(start, end, zone), start, end)
+
+
+def test_a_usage_at_half_past_eleven_utc_is_on_the_next_local_date_in_shanghai():
+    slot = at("2026-11-30T23:30:00Z")
+    assert Calendar("Asia/Shanghai").date_of(slot) == "2026-12-01"
+    assert Calendar("UTC").date_of(slot) == "2026-11-30"
+    assert Calendar("America/New_York").date_of(slot) == "2026-11-30"
+
+
+def test_date_of_is_the_local_date_on_both_sides_of_local_midnight():
+    calendar = Calendar("Asia/Kolkata")
+    assert calendar.date_of(at("2026-11-30T18:25:00Z")) == "2026-11-30"
+    assert calendar.date_of(at("2026-11-30T18:30:00Z")) == "2026-12-01"
+
+
+def test_day_bounds_are_the_local_midnights_around_a_time():
+    start, end, day = Calendar("Asia/Shanghai").day_bounds(at("2026-11-30T23:30:00Z"))
+    assert (start, end, day) == (at("2026-12-01T00:00:00+08:00"),
+                                 at("2026-12-02T00:00:00+08:00"), "2026-12-01")
