@@ -5,16 +5,7 @@ Every key of one input partition shares the hash tag ``{NS:SRC:P}`` (``SRC`` is 
 Redis Cluster slot and can be updated by one atomic script. Readers sum over the partitions
 listed in ``NS:slots``.
 
-| key (``S`` = ``{NS:SRC:P}``) | type | holds | kept for |
-|---|---|---|---|
-| ``S:wm`` | string | offset of the last applied message | always |
-| ``S:tagsets`` | hash | tag set id → canonical JSON of its dimensions | always |
-| ``S:seen:H`` | set | 12-byte digests of event ids with event time in hour ``H`` | dedup horizon after last write |
-| ``S:b:5m:T`` / ``S:b:1h:T`` / ``S:b:1d:DATE`` | hash | ``<tagset>:c`` cost, ``:q`` quantity, ``:w:<fault>`` waste | 48 h / 35 d / 400 d after last write |
-| ``S:first`` | hash | tag set id → start of the oldest 5-minute slot it has data in | always |
-| ``S:faults`` | sorted set | the faults of the last 7 days of event time (inhibition reads them) | 7 d |
-| ``S:util`` | hash | ``<resource>\\t<metric>`` → ``ts|json`` of the latest sample | always (small) |
-| ``S:uh:<resource>\\t<metric>`` | sorted set | samples of the last 24 h of event time | 48 h after last write |
+The keys, their types and how long they live are listed in ``docs/STATE.md``.
 
 Daily buckets are local dates in the configured time zone; hourly and 5-minute buckets are
 UTC-aligned. Every zone's offset is a whole number of quarter hours today, so 5-minute slots

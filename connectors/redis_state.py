@@ -108,7 +108,8 @@ class RedisState:
                 ) -> list[ResourceSamples]:
         found: dict[str, tuple[str, dict[str, str], list[tuple[float, float]]]] = {}
         for slot in self.slots():
-            for field, raw in self.redis.hgetall(util_key(slot)).items():
+            util: dict[bytes, bytes] = self.redis.hgetall(util_key(slot))  # type: ignore[assignment]
+            for field, raw in util.items():
                 resource_id, _, sample_metric = _text(field).partition("\t")
                 if sample_metric != metric:
                     continue
@@ -125,7 +126,8 @@ class RedisState:
 
     def _history(self, slot: str, resource_id: str, metric: str, since: float
                  ) -> list[tuple[float, float]]:
-        members = self.redis.zrangebyscore(history_key(slot, resource_id, metric), since, "+inf")
+        members: list[bytes] = self.redis.zrangebyscore(  # type: ignore[assignment]
+            history_key(slot, resource_id, metric), since, "+inf")
         points = []
         for member in members:
             ts, _, value = _text(member).partition(":")
@@ -147,8 +149,9 @@ class RedisState:
     def faults(self, since: float) -> list[FaultRecord]:
         records: list[FaultRecord] = []
         for slot in self.slots():
-            for raw in self.redis.zrangebyscore(faults_key(slot), since, "+inf"):
-                records.append(_fault_record(json.loads(raw)))
+            raws: list[bytes] = self.redis.zrangebyscore(  # type: ignore[assignment]
+                faults_key(slot), since, "+inf")
+            records.extend(_fault_record(json.loads(raw)) for raw in raws)
         return sorted(records, key=lambda r: r.ts)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
@@ -131,10 +131,16 @@ class FaultEvent(_Event):
     resource_id: ResourceId | None = None
 
 
-Event: TypeAlias = Annotated[UsageEvent | UtilizationEvent | FaultEvent, Field(discriminator="kind")]
+Event: TypeAlias = Annotated[
+    UsageEvent | UtilizationEvent | FaultEvent, Field(discriminator="kind")
+]
 
-_ONE = TypeAdapter(Event)
-_BATCH = TypeAdapter(Annotated[list[Event], Field(min_length=1, max_length=MAX_BATCH)])
+AnyEvent: TypeAlias = UsageEvent | UtilizationEvent | FaultEvent
+
+_ONE: TypeAdapter[AnyEvent] = TypeAdapter(Event)
+_BATCH: TypeAdapter[list[AnyEvent]] = TypeAdapter(
+    Annotated[list[Event], Field(min_length=1, max_length=MAX_BATCH)]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +153,7 @@ class Rejection:
 
 @dataclass(frozen=True, slots=True)
 class Parsed:
-    events: list[UsageEvent | UtilizationEvent | FaultEvent]
+    events: list[AnyEvent]
     batch: bool
 
 
@@ -228,12 +234,12 @@ def parse_message(raw: bytes, now: float | None = None) -> Parsed | Rejection:
     try:
         head = raw.lstrip()[:1]
         batch = head == b"["
-        adapter = _BATCH if batch else _ONE
         try:
-            value = adapter.validate_json(raw)
+            events: list[AnyEvent] = (
+                _BATCH.validate_json(raw) if batch else [_ONE.validate_json(raw)]
+            )
         except ValidationError as exc:
             return _explain(exc, batch)
-        events = value if batch else [value]
         limit = (time.time() if now is None else now) + MAX_FUTURE_S
         for index, event in enumerate(events):
             where = f"event {index}: " if batch else ""
@@ -242,13 +248,12 @@ def parse_message(raw: bytes, now: float | None = None) -> Parsed | Rejection:
             except ValueError as exc:
                 return Rejection("bad_timestamp", f"{where}field ts: {exc}")
             if ts > limit:
-                return Rejection("future_ts", f"{where}field ts: more than 10 minutes in the future")
+                return Rejection("future_ts",
+                                 f"{where}field ts: more than 10 minutes in the future")
         return Parsed(events, batch)
     except Exception as exc:  # noqa: BLE001 - the pipeline must never stop on input
         return Rejection("unparseable", f"message: {type(exc).__name__}: {exc}")
 
-
-AnyEvent: TypeAlias = UsageEvent | UtilizationEvent | FaultEvent
 
 
 def dump_event(event: AnyEvent) -> bytes:

@@ -18,7 +18,10 @@ tests:
     expect_alerts:
       - {rule: team-monthly, group: {team: pretrain}, state: firing, line: warn_80}
 ```
-Events may leave out ``event_id`` (one is made up per event).
+Events may leave out ``event_id`` (one is made up per event). A test may also give gauge
+samples as ``series`` (``{resource_id, resource_type, metric, tags, start, every, values:
+[0.9, "0.01x40"]}``), ``silences`` (``{rule, matchers, ends_at}``), and ``rules`` to
+evaluate only some rules of the files.
 """
 
 from __future__ import annotations
@@ -162,7 +165,7 @@ class Observed:
 
 
 @dataclass
-class TestOutcome:
+class RuleTestOutcome:
     name: str
     problems: list[str] = field(default_factory=list)
 
@@ -172,16 +175,16 @@ class TestOutcome:
 
 
 @dataclass
-class TestReport:
+class RuleTestReport:
     file: str
-    outcomes: list[TestOutcome]
+    outcomes: list[RuleTestOutcome]
 
     @property
     def passed(self) -> bool:
         return all(outcome.passed for outcome in self.outcomes)
 
 
-def run_rule_tests(path: Path | str, prices: Path | str, timezone: str = "UTC") -> TestReport:
+def run_rule_tests(path: Path | str, prices: Path | str, timezone: str = "UTC") -> RuleTestReport:
     """Run every test of a test file; raise ``SourceInvalid`` if the file or its rules are bad.
 
     ``prices`` and ``timezone`` are the configured defaults, used unless the file sets them.
@@ -199,7 +202,7 @@ def run_rule_tests(path: Path | str, prices: Path | str, timezone: str = "UTC") 
     outcomes = [
         _run_case(case, events, rules, book) for case, events in zip(spec.tests, cases, strict=True)
     ]
-    return TestReport(str(path), outcomes)
+    return RuleTestReport(str(path), outcomes)
 
 
 def _events_of(document: Document, index: int, case: RuleTestCase) -> list[AnyEvent]:
@@ -215,7 +218,7 @@ def _events_of(document: Document, index: int, case: RuleTestCase) -> list[AnyEv
             samples = series.events(f"test-{index}-series-{number}")
             events.extend(_EVENT.validate_python(item) for item in samples)
         except ValidationError as exc:
-            errors.extend(document.errors_from(exc, ("tests", index, "series", number)))
+            errors.extend(_event_errors(document, exc, ("tests", index, "series", number)))
     if errors:
         raise SourceInvalid(errors)
     return events
@@ -245,8 +248,8 @@ def _json_time(value: object) -> str:
 
 def _run_case(
     case: RuleTestCase, events: Sequence[AnyEvent], rules: RuleSet, prices: PriceBook
-) -> TestOutcome:
-    outcome = TestOutcome(case.name)
+) -> RuleTestOutcome:
+    outcome = RuleTestOutcome(case.name)
     selected = rules.only(case.rules) if case.rules is not None else rules
     unknown = sorted(set(case.rules or ()) - {r.name for r in selected})
     outcome.problems.extend(f"no rule named {name!r}" for name in unknown)
@@ -310,7 +313,7 @@ def _observed(book: AlertBook) -> list[Observed]:
 
 
 def _compare(
-    outcome: TestOutcome, observed: list[Observed], expected: Sequence[ExpectedAlert]
+    outcome: RuleTestOutcome, observed: list[Observed], expected: Sequence[ExpectedAlert]
 ) -> None:
     unmatched = list(observed)
     for want in expected:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rules.events import AnyEvent, FaultEvent, UsageEvent, UtilizationEvent
 from rules.prices import PriceBook, PricingError, exact, to_micro
@@ -148,7 +149,7 @@ class Folder:
             tally.latest[key] = Sample(ts, event.value, event.resource_type, dict(event.tags))
 
 
-_FOLDERS = {
+_FOLDERS: dict[type, Callable[[Folder, Tally, Any, float], None]] = {
     UsageEvent: Folder._usage,
     FaultEvent: Folder._fault,
     UtilizationEvent: Folder._utilization,

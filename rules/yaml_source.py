@@ -133,7 +133,7 @@ def _refuse_constructs(file: str, event: Any) -> None:
     if isinstance(event, AliasEvent):
         problem = "YAML aliases are not allowed"
     elif isinstance(event, NodeEvent) and getattr(event, "tag", None):
-        problem = f"YAML tags are not allowed ({event.tag})"
+        problem = f"YAML tags are not allowed ({getattr(event, 'tag', '')})"
     if problem:
         mark = event.start_mark
         raise SourceInvalid([SourceError(file, mark.line + 1, mark.column + 1, problem)])

@@ -12,6 +12,7 @@ offset after each partition's Redis watermark, so Faust's own seek lands exactly
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -19,6 +20,7 @@ import faust
 from faust.types import TP
 from redis.asyncio import Redis
 
+from connectors.kafka import KafkaUnavailable, api_versions
 from connectors.redis_apply import BatchWriter
 from connectors.redis_keys import Calendar
 from rules.prices import PriceBook
@@ -99,6 +101,16 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
             # Faust seeks to the committed offsets right after this signal.
             await app.consumer._commit({TP(t, p): o for (t, p), o in resume.items()})
             log.info("resuming %d partitions from Redis watermarks", len(resume))
+
+    @app.timer(interval=5.0)
+    async def probe_kafka() -> None:
+        """Faust reconnects to Kafka on its own; this only makes an outage visible."""
+        try:
+            await asyncio.to_thread(api_versions, settings.kafka_bootstrap, 2.0)
+        except KafkaUnavailable as exc:
+            health.failing("kafka", str(exc))
+        else:
+            health.recovered("kafka")
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:

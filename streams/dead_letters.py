@@ -9,6 +9,7 @@ compaction) keeps one.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 
@@ -26,9 +27,7 @@ def dead_letter(topic: str, partition: int, offset: int, raw: bytes | None, code
         "raw_b64": base64.b64encode(raw).decode(),
         "refused_at": time.time(),
     }
-    try:
+    with contextlib.suppress(UnicodeDecodeError):
         record["raw"] = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
     key = f"{topic}:{partition}:{offset}".encode()
     return key, json.dumps(record, separators=(",", ":")).encode()

@@ -26,6 +26,7 @@ class Health:
         return {
             "status": "ok" if self.ok else "degraded",
             "problems": {
-                name: {"error": text, "since": since} for name, (text, since) in self.problems.items()
+                name: {"error": text, "since": since}
+                for name, (text, since) in self.problems.items()
             },
         }

@@ -83,6 +83,13 @@ class BudgetRule(Rule):
     def _zone(cls, value: Any, info: ValidationInfo) -> Any:
         return configured_zone(value, info)
 
+    @field_validator("limit")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value <= 0:
+            raise PydanticCustomError("limit", "a budget line must be above 0")
+        return value
+
     @field_validator("warn_at")
     @classmethod
     def _ascending(cls, value: tuple[Decimal, ...]) -> tuple[Decimal, ...]:

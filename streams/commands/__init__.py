@@ -23,9 +23,8 @@ def command_group(register: Register) -> Register:
 
 
 def load_all() -> list[Register]:
-    """Import every command module once; returns the registered groups."""
-    if not REGISTRY:
-        for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-            if module.endswith("_cmd"):
-                importlib.import_module(f"{__name__}.{module}")
+    """Import every command module (Python imports each once); returns the registered groups."""
+    for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+        if module.endswith("_cmd"):
+            importlib.import_module(f"{__name__}.{module}")
     return REGISTRY

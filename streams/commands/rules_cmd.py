@@ -18,7 +18,7 @@ from rules.engine import Engine
 from rules.loader import load_rules, rule_files, rules_json_schema
 from rules.memory_state import InMemoryState
 from rules.prices import PriceBook
-from rules.ruletest import TestReport, run_rule_tests
+from rules.ruletest import RuleTestReport, run_rule_tests
 from rules.yaml_source import SourceInvalid
 from streams.cli import settings_of
 from streams.commands import command_group
@@ -114,7 +114,7 @@ def _problems(exc: SourceInvalid) -> None:
     raise typer.Exit(1)
 
 
-def _print_report(report: TestReport) -> None:
+def _print_report(report: RuleTestReport) -> None:
     for outcome in report.outcomes:
         typer.echo(f"{'PASS' if outcome.passed else 'FAIL'}  {outcome.name}")
         for problem in outcome.problems:

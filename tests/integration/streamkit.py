@@ -84,7 +84,8 @@ def worker_env(namespace: str, bootstrap: str, redis_url: str, **extra: str) -> 
     return env
 
 
-def run_cli(env: Mapping[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(env: Mapping[str, str], *args: str, timeout: float = 120
+            ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "streams", *args], cwd=REPO, env=dict(env),
                           capture_output=True, text=True, timeout=timeout)
 

@@ -7,8 +7,7 @@ import random
 import shutil
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,8 +36,9 @@ AT = "2026-11-28T12:00:00Z"
 
 
 @pytest.fixture
-def namespace() -> str:
-    return "t" + uuid.uuid4().hex[:10]
+def namespace(kafka_namespace: str) -> str:
+    """A namespace of the test's own whose topics are deleted afterwards."""
+    return kafka_namespace
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def _wait_progress(redis: Redis, namespace: str, ends: dict[int, int], target: f
 
 
 @pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[tuple[str, callable]]:
+def private_redis(tmp_path: Path) -> Iterator[tuple[str, Callable[..., None]]]:
     """A Redis of our own (appendonly, fsync every second) that the test may kill and restart."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -238,17 +238,32 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[str, callable]]:
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
     state = {"proc": subprocess.Popen(argv, stdout=subprocess.DEVNULL)}
 
-    def restart(kill: bool) -> None:
+    def restart(kill: bool, check_down: Callable[[], bool]) -> None:
         proc = state["proc"]
         proc.kill() if kill else proc.terminate()
         proc.wait(10)
-        time.sleep(1.0)
+        deadline = time.time() + 30
+        while not check_down():  # the worker must notice and say so while Redis is away
+            assert time.time() < deadline, "/healthz never reported the Redis outage"
+            time.sleep(0.2)
         state["proc"] = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
 
     url = f"redis://127.0.0.1:{port}/0"
     _wait_ping(url)
     yield url, restart
     state["proc"].kill()
+
+
+def _health(env: dict[str, str]) -> dict:
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{env['COSTLINE_WEB_PORT']}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read())
 
 
 def _wait_ping(url: str) -> None:
@@ -275,23 +290,15 @@ def test_totals_are_exact_after_redis_restarts_mid_stream(services, namespace, t
         topic = f"{namespace}.usage.v1"
         produce(services.bootstrap, topic, messages)
         time.sleep(6)
-        restart(kill)
+        restart(kill, check_down=lambda: _health(env)["status"] == "degraded")
         _wait_ping(url)
         wait_caught_up(Redis.from_url(url), namespace, "usage",
                        end_offsets(services.bootstrap, topic), proc, timeout=240)
         assert proc.alive()
+        assert _health(env)["status"] == "ok"
         report = spend_json(env, "--period", "day", "--at", AT, "--by", "team")
         assert rows_by_group(report, ("team",), "cost") == ledger.total(
             "cost", ("team",), {}, DAY, DAY + 86400)
     finally:
         proc.stop()
 
-
-# TEMP-SERVICES
-@pytest.fixture
-def services():
-    import os
-    from types import SimpleNamespace
-
-    return SimpleNamespace(bootstrap=os.environ["COSTLINE_KAFKA_BOOTSTRAP"],
-                           redis_url=os.environ["COSTLINE_REDIS_URL"])

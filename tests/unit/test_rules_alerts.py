@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rules.alerts import AlertBook, Mute, Observation, Policy, advance
 from tests.unit.rulefiles.builders import HOUR, MIN, T0
 
@@ -120,3 +123,26 @@ def test_an_alert_of_a_removed_rule_resolves() -> None:
     clock.step(T0, seen())
     clock.policies = {}
     assert clock.step(T0 + MIN) == [("firing", "resolved")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.none(), st.tuples(st.integers(0, 2), st.booleans())),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from([0, 10 * MIN]),
+)
+def test_every_change_continues_from_the_state_published_before(
+    steps: list[tuple[int, bool] | None], pending_for: int
+) -> None:
+    clock = Clock({"r": Policy(pending_for, realert=HOUR)})
+    shown = "inactive"
+    hush = Mute("silence:s", T0 + 100 * HOUR, "snoozed")
+    for index, step in enumerate(steps):
+        observations = [] if step is None else [seen(step[0], hush if step[1] else None)]
+        for previous, state in clock.step(T0 + index * 5 * MIN, *observations):
+            assert previous == shown
+            shown = "inactive" if state == "resolved" else state
+        assert (shown == "inactive") == (step is None)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from rules.durations import rfc3339
 from rules.findings import Finding
 from rules.kinds.budget import BudgetRule
@@ -140,3 +143,8 @@ def test_the_summary_names_the_group_the_figure_and_the_line() -> None:
         "team=pretrain has spent 8250.00 USD this month of a 10000.00 USD budget, "
         "past the 80% warning line of 8000.00 USD."
     )
+
+
+def test_a_budget_line_of_zero_is_refused() -> None:
+    with pytest.raises(ValidationError, match="a budget line must be above 0"):
+        rule(**{**MONTHLY, "limit": 0})
