@@ -18,14 +18,18 @@ from typing import Any
 
 import faust
 from faust.types import TP
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from connectors.kafka import KafkaUnavailable, api_versions
+from connectors.alert_store import AlertStore
 from connectors.redis_apply import BatchWriter
 from connectors.redis_keys import Calendar
+from connectors.redis_state import RedisState
 from rules.prices import PriceBook
 from rules.tally import Folder
-from streams.aggregator import Aggregator
+from streams.aggregator import REDIS_DOWN, Aggregator
+from streams.evaluator import Evaluator, RuleSource
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.settings import Settings
@@ -72,12 +76,29 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
     async def seek(topic: str, partition: int, offset: int) -> None:
         await app.consumer.seek(TP(topic, partition), offset)
 
+    prices = PriceBook.load(settings.prices)
+    alerts = app.topic(settings.topic("alerts"), value_serializer="raw", key_serializer="raw")
+    sync_redis = SyncRedis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+
+    async def publish_alert(key: bytes, value: bytes) -> None:
+        await app.producer.send_and_wait(alerts.get_topic_name(), key, value, partition=None,
+                                         timestamp=None, headers=None)
+
+    evaluator = Evaluator(
+        source=RuleSource(settings.rules, settings.timezone, prices, health),
+        state=RedisState(sync_redis, settings.namespace, settings.timezone),
+        store=AlertStore(sync_redis, settings.namespace),
+        publish=publish_alert,
+        metrics=metrics,
+        tick_s=settings.rules_tick_s,
+    )
+
     aggregator = Aggregator(
         namespace=settings.namespace,
         sources=topics,
         writer=BatchWriter(redis, settings.namespace, Calendar(settings.timezone),
                            settings.dedup_horizon_s),
-        folder=Folder(PriceBook.load(settings.prices)),
+        folder=Folder(prices),
         send_dead_letter=send_dead_letter,
         seek=seek,
         metrics=metrics,
@@ -101,6 +122,17 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
             # Faust seeks to the committed offsets right after this signal.
             await app.consumer._commit({TP(t, p): o for (t, p), o in resume.items()})
             log.info("resuming %d partitions from Redis watermarks", len(resume))
+
+    @app.timer(interval=2.0, on_leader=True)
+    async def evaluate_rules() -> None:
+        """Only the leader evaluates; a failure is reported and retried on the next tick."""
+        try:
+            await evaluator.step()
+        except REDIS_DOWN as exc:
+            health.failing("redis", exc)
+        except Exception:  # noqa: BLE001 - one bad evaluation must not stop the worker
+            metrics.inc("evaluation_errors_total")
+            log.exception("rule evaluation failed")
 
     @app.timer(interval=5.0)
     async def probe_kafka() -> None:
@@ -131,6 +163,9 @@ def _describe(metrics: Metrics, app: faust.App, aggregator: Aggregator) -> None:
     metrics.describe("events_duplicate_total", "events ignored because their id was counted")
     metrics.describe("messages_replayed_total", "messages skipped as already applied")
     metrics.describe("redis_apply_seconds", "latency of one batch write to Redis")
+    metrics.describe("evaluations_total", "rule evaluations run")
+    metrics.describe("alert_changes_total", "alert state changes published")
+    metrics.describe("evaluation_seconds", "latency of one evaluation of every rule")
 
     def lag() -> dict[tuple[tuple[str, str], ...], float]:
         out = {}

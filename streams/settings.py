@@ -66,6 +66,9 @@ class Settings(BaseSettings):
         Path.home() / ".local" / "state" / "costline",
         description="where ``costline stack`` keeps pid files, logs and data",
     )
+    rules_tick_s: float = Field(
+        30.0, gt=0, description="evaluate the rules at least this often, data or not"
+    )
     batch_within_s: float = Field(
         0.2, gt=0, description="longest wait for a batch to fill before it is applied"
     )

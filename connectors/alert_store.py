@@ -1,0 +1,55 @@
+"""Where the alert lifecycle and the silences live in Redis.
+
+The rule engine is pure; its memory (the alert book) and the people's silences are kept here
+so that a restarted or newly elected evaluator carries on where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+from redis import Redis
+
+from rules.alerts import AlertBook
+from rules.silences import Silence, unexpired
+
+
+class AlertStore:
+    def __init__(self, redis: Redis, namespace: str) -> None:
+        self.redis = redis
+        self.book_key = f"{namespace}:alerts:book"
+        self.silences_key = f"{namespace}:silences"
+
+    def book(self) -> AlertBook:
+        raw = self.redis.get(self.book_key)
+        return AlertBook.from_dict(json.loads(raw)) if raw else AlertBook()  # type: ignore[arg-type]
+
+    def save_book(self, book: AlertBook) -> None:
+        self.redis.set(self.book_key, json.dumps(book.to_dict(), separators=(",", ":")))
+
+    def silences(self, now: float | None = None) -> list[Silence]:
+        """Silences that have not ended (expired ones are removed as a side effect)."""
+        now = time.time() if now is None else now
+        raw: dict[bytes, bytes] = self.redis.hgetall(self.silences_key)  # type: ignore[assignment]
+        every = [Silence.from_dict(json.loads(v)) for v in raw.values()]
+        live = unexpired(every, now)
+        ended = [s.id for s in every if s not in live]
+        if ended:
+            self.redis.hdel(self.silences_key, *ended)
+        return sorted(live, key=lambda s: s.ends_at)
+
+    def add_silence(self, *, ends_at: float, rule: str | None, matchers: dict[str, str],
+                    created_by: str = "", comment: str = "", starts_at: float | None = None
+                    ) -> Silence:
+        silence = Silence(
+            id=secrets.token_hex(6), ends_at=ends_at, rule=rule, matchers=matchers,
+            starts_at=time.time() if starts_at is None else starts_at,
+            created_by=created_by, comment=comment,
+        )
+        self.redis.hset(self.silences_key, silence.id, json.dumps(silence.to_dict()))
+        return silence
+
+    def expire_silence(self, silence_id: str) -> bool:
+        return bool(self.redis.hdel(self.silences_key, silence_id))

@@ -1,0 +1,130 @@
+"""``costline alerts`` and ``costline silence``: what is pending or firing, and muting it."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import typer
+
+from streams.commands import command_group
+
+
+def _store(ctx: typer.Context) -> Any:
+    from redis import Redis
+
+    from connectors.alert_store import AlertStore
+    from streams.cli import settings_of
+
+    settings = settings_of(ctx)
+    return AlertStore(Redis.from_url(settings.redis_url), settings.namespace)
+
+
+def alert_rows(book: Any) -> list[dict[str, Any]]:
+    """CONTRACT §6 ``alerts --json``: rule, group, state, severity, since, value, threshold."""
+    from rules.durations import rfc3339
+
+    rows = []
+    for alert in book.active():
+        payload = alert.payload
+        rows.append({
+            "rule": alert.rule,
+            "group": payload.get("group", {}),
+            "state": alert.state,
+            "severity": payload.get("severity"),
+            "since": rfc3339(alert.since),
+            "value": payload.get("value"),
+            "threshold": payload.get("threshold"),
+            "alert_id": alert.alert_id,
+            "summary": payload.get("summary"),
+            "muted": alert.mute.reason if alert.mute else None,
+        })
+    return rows
+
+
+def _print_alerts(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} alert(s) pending or firing")
+    for column in ("state", "severity", "rule", "group", "value", "line", "since"):
+        table.add_column(column)
+    for row in rows:
+        group = ", ".join(f"{k}={v}" for k, v in row["group"].items()) or "—"
+        table.add_row(row["state"], row["severity"] or "", row["rule"], group,
+                      row["value"] or "", row["threshold"] or "", row["since"])
+    Console().print(table)
+
+
+def _duration(text: str) -> float:
+    from rules.durations import parse_duration
+
+    try:
+        return float(parse_duration(text))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+@command_group
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def alerts(ctx: typer.Context,
+               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+        """Alerts now pending or firing."""
+        rows = alert_rows(_store(ctx).book())
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+        else:
+            _print_alerts(rows)
+
+    silence = typer.Typer(help="Mute alerts for a while (by rule and tag matchers).",
+                          no_args_is_help=True)
+    app.add_typer(silence, name="silence")
+
+    @silence.command("add")
+    def silence_add(
+        ctx: typer.Context,
+        duration: str = typer.Option(..., "--for", help="How long, e.g. 2h or 1d."),
+        rule: str | None = typer.Option(None, help="Rule name (a * glob is allowed)."),
+        match: list[str] = typer.Option([], help="KEY=VALUE tag matcher; repeatable."),
+        comment: str = typer.Option("", help="Why."),
+        by: str = typer.Option("", help="Who."),
+    ) -> None:
+        """Silence matching alerts until now + --for."""
+        from streams.commands.spend_cmd import parse_where
+
+        seconds = _duration(duration)
+        matchers = parse_where(match)
+        if rule is None and not matchers:
+            raise typer.BadParameter("name a --rule, a --match, or both")
+        made = _store(ctx).add_silence(ends_at=time.time() + seconds, rule=rule,
+                                       matchers=matchers, created_by=by, comment=comment)
+        typer.echo(f"silence {made.id} until {_when(made.ends_at)}")
+
+    @silence.command("list")
+    def silence_list(ctx: typer.Context,
+                     as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+        """Silences that have not ended."""
+        found = [s.to_dict() for s in _store(ctx).silences()]
+        if as_json:
+            typer.echo(json.dumps(found, indent=2))
+            return
+        for s in found:
+            matchers = ",".join(f"{k}={v}" for k, v in s["matchers"].items())
+            typer.echo(f"{s['id']}  rule={s['rule'] or '*'}  {matchers}  until "
+                       f"{_when(s['ends_at'])}  {s['comment']}")
+
+    @silence.command("expire")
+    def silence_expire(ctx: typer.Context, silence_id: str) -> None:
+        """End a silence now."""
+        if not _store(ctx).expire_silence(silence_id):
+            typer.echo(f"no silence {silence_id}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"silence {silence_id} expired")
+
+
+def _when(ts: float) -> str:
+    from rules.durations import rfc3339
+
+    return rfc3339(ts)
