@@ -26,10 +26,12 @@ from connectors.alert_store import AlertStore
 from connectors.redis_apply import BatchWriter
 from connectors.redis_keys import Calendar
 from connectors.redis_state import RedisState
+from connectors.slack_actions import add_actions_route
 from rules.prices import PriceBook
 from rules.tally import Folder
 from streams.aggregator import REDIS_DOWN, Aggregator
 from streams.evaluator import Evaluator, RuleSource
+from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.settings import Settings
@@ -122,6 +124,18 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
             # Faust seeks to the committed offsets right after this signal.
             await app.consumer._commit({TP(t, p): o for (t, p), o in resume.items()})
             log.info("resuming %d partitions from Redis watermarks", len(resume))
+
+    notifier = build_notifier(settings, redis)
+
+    @app.agent(alerts, concurrency=1)
+    async def notify(stream: Any) -> None:
+        async for events in stream.take_events(200, within=2.0):
+            await deliver_until_done(notifier, [e.message.value for e in events], metrics,
+                                     health)
+
+    buttons = build_actions_handler(settings, redis, evaluator.store, notifier)
+    if buttons is not None:
+        add_actions_route(app.web.web_app, buttons)
 
     @app.timer(interval=2.0, on_leader=True)
     async def evaluate_rules() -> None:

@@ -47,6 +47,18 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("SLACK_SIGNING_SECRET", "slack_signing_secret")
     )
 
+    slack_fallback_channel: str = Field(
+        "#costline-alerts", description="where an alert goes when its own channel is unknown"
+    )
+    slack_channels: dict[str, str] = Field(
+        default_factory=dict,
+        description="tag value → channel for rules that route_by_tag (JSON in the environment)",
+    )
+    slack_approvers: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="rule name → Slack user ids allowed to press Approve (JSON)",
+    )
+
     # Operational knobs (not in the contract's table, documented in README).
     partitions: int = Field(6, ge=1, le=1024, description="partitions of the input topics")
     dedup_horizon_s: int = Field(

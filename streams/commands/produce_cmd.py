@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import IO, Any
 
 import typer
+from kafka.errors import KafkaError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from connectors.kafka import KafkaUnavailable, TopicError, api_versions, producer
 from rules.events import MAX_BATCH, Parsed, parse_message
 from streams.cli import settings_of
 from streams.commands import command_group
+from streams.topics import create_topics
 
 
 class InputTopic(StrEnum):
@@ -276,14 +279,16 @@ def _print_summary(summary: Summary) -> None:
 
 
 def _kafka_sender(bootstrap: str, names: dict[str, str], summary: Summary) -> tuple[Any, Send]:
-    from connectors.kafka import producer
-
     client = producer(bootstrap, client_id="costline-produce")
 
     def send(message: Message) -> None:
         topic_name = names[message.topic]
         summary.queued_messages += 1
-        future = client.send(topic_name, key=message.key, value=message.value)
+        try:
+            future = client.send(topic_name, key=message.key, value=message.value)
+        except KafkaError as exc:  # e.g. the buffer stayed full, the message is too large
+            summary.failed(exc)
+            return
         future.add_callback(lambda _: summary.delivered(message, topic_name))
         future.add_errback(summary.failed)
 
@@ -294,7 +299,7 @@ def _finish(client: Any, summary: Summary) -> None:
     """Wait for the last acknowledgements; whatever is still unanswered counts as failed."""
     try:
         client.flush(timeout=120)
-    except Exception as exc:  # noqa: BLE001 - a timeout is reported, not raised
+    except KafkaError as exc:  # a timeout is reported, not raised
         summary.errors.append(f"flush: {type(exc).__name__}: {exc}")
     finally:
         client.close(timeout=10)
@@ -307,9 +312,6 @@ def _ensure_topics(ctx: typer.Context) -> None:
     A quick ApiVersions probe first, so an unreachable broker fails in milliseconds rather
     than after the admin client's bootstrap timeout.
     """
-    from connectors.kafka import api_versions
-    from streams.topics import create_topics
-
     api_versions(settings_of(ctx).kafka_bootstrap, timeout_s=5.0)
     create_topics(settings_of(ctx))
 
@@ -342,7 +344,7 @@ def register(app: typer.Typer) -> None:
             try:
                 _ensure_topics(ctx)
                 client, send = _kafka_sender(settings.kafka_bootstrap, names, summary)
-            except Exception as exc:  # noqa: BLE001 - kafka-python errors share no usable base
+            except (KafkaError, KafkaUnavailable, TopicError) as exc:
                 _err.print(f"[bold red]costline produce:[/] Kafka at "
                            f"{settings.kafka_bootstrap}: {type(exc).__name__}: {exc}")
                 raise typer.Exit(2) from exc

@@ -201,6 +201,8 @@ def _plan(layout: Layout, cls: type[Service], port: int, host: str) -> _Plan:
             continue
         record = _record(layout, spec.name)
         if record is None:
+            if spec.name != cls.name:  # a stopped service of another flavor: forget it
+                layout.spec_file(spec.name).unlink(missing_ok=True)
             continue
         if spec.name != cls.name:
             raise StackError(

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# A single-node Slurm cluster on this host, for the reclamation integration tests.
+#
+#   bash .ci/slurm.sh          install if missing, configure, start munge, slurmctld, slurmd as
+#                              root, and wait until `sinfo` shows the node idle (idempotent:
+#                              a cluster that already answers is left as it is)
+#   bash .ci/slurm.sh stop     stop the daemons this script started
+#
+# The node is this host with its real CPU count and memory. Processes are tracked without
+# cgroups (proctrack/linuxproc, task/none) so it also runs inside a container. The partition
+# over-subscribes CPUs, so a two-CPU runner still holds the handful of `sleep` jobs the tests
+# submit at once. A slurm.conf that this script did not write is never overwritten.
+set -euo pipefail
+
+CONF_DIR=/etc/slurm
+CONF="$CONF_DIR/slurm.conf"
+MARK="# written by costline .ci/slurm.sh"
+RUN_DIR=/run/costline-slurm
+SPOOL=/var/spool/costline-slurm
+LOGS=/var/log/costline-slurm
+WAIT_S="${SLURM_WAIT_S:-60}"
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo -n"; fi
+
+say() { printf 'slurm.sh: %s\n' "$*"; }
+
+node_idle() {
+    # The node answers and can take a job: idle, or already running some (mixed/allocated).
+    local state
+    state=$(sinfo -h -N -o '%t' 2>/dev/null | head -n 1) || return 1
+    case "$state" in idle | mix | alloc) return 0 ;; *) return 1 ;; esac
+}
+
+install_packages() {
+    local missing=()
+    command -v slurmctld >/dev/null || missing+=(slurmctld)
+    command -v slurmd >/dev/null || missing+=(slurmd)
+    command -v munged >/dev/null || missing+=(munge)
+    command -v sbatch >/dev/null || missing+=(slurm-client)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        say "installing ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        $sudo apt-get update -qq
+        $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
+    fi
+}
+
+write_config() {
+    if [ -f "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
+        say "$CONF exists and was not written here: using it as it is"
+        return
+    fi
+    local host node
+    host=$(hostname -s)
+    # `slurmd -C` prints this host as a NodeName line: real CPUs, sockets, cores, memory.
+    node=$(slurmd -C | head -n 1)
+    $sudo mkdir -p "$CONF_DIR" "$SPOOL/ctld" "$SPOOL/d" "$LOGS" "$RUN_DIR"
+    $sudo tee "$CONF" >/dev/null <<EOF
+$MARK
+ClusterName=costline
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+StateSaveLocation=$SPOOL/ctld
+SlurmdSpoolDir=$SPOOL/d
+SlurmctldPidFile=$RUN_DIR/slurmctld.pid
+SlurmdPidFile=$RUN_DIR/slurmd.pid
+SlurmctldLogFile=$LOGS/slurmctld.log
+SlurmdLogFile=$LOGS/slurmd.log
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+SchedulerType=sched/backfill
+$node State=UNKNOWN
+PartitionName=costline Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:16
+EOF
+}
+
+alive() { [ -n "$1" ] && ps -o stat= -p "$1" 2>/dev/null | grep -qv '^Z'; }
+
+pid_of() { cat "$RUN_DIR/$1.pid" 2>/dev/null || true; }
+
+running() { alive "$(pid_of "$1")"; }
+
+start_munge() {
+    if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then return; fi
+    [ -s /etc/munge/munge.key ] || $sudo /usr/sbin/mungekey --create --force 2>/dev/null \
+        || $sudo dd if=/dev/urandom of=/etc/munge/munge.key bs=128 count=1 status=none
+    $sudo chown munge:munge /etc/munge/munge.key && $sudo chmod 0400 /etc/munge/munge.key
+    $sudo mkdir -p /run/munge /var/log/munge /var/lib/munge
+    $sudo chown munge:munge /run/munge /var/log/munge /var/lib/munge
+    say "starting munged"
+    $sudo runuser -u munge -- /usr/sbin/munged
+    for _ in $(seq 50); do
+        munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return
+        sleep 0.1
+    done
+    say "munged did not start"; exit 1
+}
+
+start_daemons() {
+    $sudo mkdir -p "$SPOOL/ctld" "$SPOOL/d" "$LOGS" "$RUN_DIR"
+    if ! running slurmctld; then
+        say "starting slurmctld"
+        $sudo /usr/sbin/slurmctld || { tail -n 20 "$LOGS/slurmctld.log" >&2; exit 1; }
+    fi
+    if ! running slurmd; then
+        say "starting slurmd"
+        $sudo /usr/sbin/slurmd || { tail -n 20 "$LOGS/slurmd.log" >&2; exit 1; }
+    fi
+}
+
+wait_idle() {
+    local host
+    host=$(hostname -s)
+    for _ in $(seq $((WAIT_S * 2))); do
+        node_idle && return
+        # A node left down by an earlier run (e.g. killed daemons) is brought back.
+        if sinfo -h -N -o '%t' 2>/dev/null | grep -qE '^(down|drain|drng|unk)'; then
+            $sudo scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true
+        fi
+        sleep 0.5
+    done
+    say "the node did not become idle within ${WAIT_S}s:"
+    sinfo -N -l || true
+    tail -n 20 "$LOGS/slurmctld.log" "$LOGS/slurmd.log" 2>/dev/null || true
+    exit 1
+}
+
+stop() {
+    local daemon pid
+    for daemon in slurmd slurmctld; do
+        pid=$(pid_of "$daemon")
+        if alive "$pid"; then
+            say "stopping $daemon"
+            $sudo kill "$pid"
+            for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
+        fi
+    done
+    pid=$(cat /run/munge/munged.pid 2>/dev/null || true)
+    if [ -f "$CONF" ] && grep -qF "$MARK" "$CONF" && alive "$pid"; then
+        say "stopping munged"
+        $sudo kill "$pid" 2>/dev/null || true
+    fi
+}
+
+case "${1:-start}" in
+    start)
+        if command -v sinfo >/dev/null && node_idle; then
+            say "Slurm is up: $(sinfo -h -N -o '%N %t %c CPUs %m MB')"
+            exit 0
+        fi
+        install_packages
+        write_config
+        start_munge
+        start_daemons
+        wait_idle
+        say "Slurm is up: $(sinfo -h -N -o '%N %t %c CPUs %m MB')"
+        ;;
+    stop) stop ;;
+    *) echo "usage: $0 [start|stop]" >&2; exit 2 ;;
+esac
