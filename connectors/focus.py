@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
+from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -169,6 +170,7 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _NOT_KEY = re.compile(r"[^a-z0-9]+")
 
 
+@lru_cache(maxsize=4096)
 def tag_key(raw: str) -> str | None:
     """A foreign tag key in costline's ``[a-z][a-z0-9_]{0,62}``: ``CostCenter`` → ``cost_center``,
     ``ms:Department`` → ``ms_department``; ``None`` when nothing usable is left."""
@@ -188,24 +190,28 @@ def tag_value(raw: object) -> str | None:
     return text[:MAX_TAG_VALUE] if text.strip() else None
 
 
-def merge_tags(fixed: Mapping[str, str], foreign: Mapping[str, object]) -> tuple[dict[str, str],
-                                                                              int]:
-    """``fixed`` tags, then foreign ones while places remain; returns the tags and how many
-    foreign ones were dropped.
+def merge_tags(fixed: Mapping[str, str], foreign: Mapping[str, object]
+               ) -> tuple[dict[str, str], Counter[str]]:
+    """``fixed`` tags, then foreign ones while places remain; returns the tags and the foreign
+    ones left out, counted by why.
 
     A fixed tag wins over a foreign one of the same key. Of two foreign keys that normalise
     alike (``org`` and `` org``), the one already in costline's form wins, then the first in
     sorted order, so the choice never depends on the row's key order.
     """
     tags = dict(fixed)
-    dropped = 0
+    dropped: Counter[str] = Counter()
     ordered = sorted(foreign.items(), key=lambda item: (tag_key(item[0]) != item[0], item[0]))
     for raw_key, raw_value in ordered:
         key, value = tag_key(raw_key), tag_value(raw_value)
-        if key is None or value is None or key in tags or len(tags) >= MAX_TAGS:
-            dropped += 1
-            continue
-        tags[key] = value
+        if key is None or value is None:
+            dropped["tag_unusable"] += 1
+        elif key in tags:
+            dropped["tag_key_clash"] += 1
+        elif len(tags) >= MAX_TAGS:
+            dropped["tags_over_limit"] += 1
+        else:
+            tags[key] = value
     return tags, dropped
 
 
@@ -263,14 +269,21 @@ def negative_reason(row: Mapping[str, str | None]) -> SkipReason:
     return SkipReason.negative_cost
 
 
+@lru_cache(maxsize=8192)
+def canonical_time(text: str) -> str:
+    """One spelling per moment, so two exports that write times differently agree on ids."""
+    with suppress(ValueError):
+        return rfc3339(parse_time(text))
+    return text
+
+
 def identity(row: Mapping[str, str | None]) -> str:
     """The row's identity columns as one string (timestamps in one canonical form)."""
     parts = []
     for column in IDENTITY_COLUMNS:
         value = cell(row, column) or ""
         if value and column in _TIME_COLUMNS:
-            with suppress(ValueError):
-                value = rfc3339(parse_time(value))
+            value = canonical_time(value)
         parts.append(f"{column}={value}")
     return "\x1f".join(parts)
 
@@ -349,8 +362,7 @@ class FocusConverter:
             if value is not None:
                 fixed[key] = value
         tags, dropped = merge_tags(fixed, self._row_tags(row))
-        if dropped:
-            self.warnings["tags_dropped"] += dropped
+        self.warnings.update(dropped)
         return tags
 
     def _row_tags(self, row: Mapping[str, str | None]) -> dict[str, object]:

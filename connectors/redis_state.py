@@ -151,12 +151,12 @@ class RedisState:
         for slot in self.slots():
             raws: list[bytes] = self.redis.zrangebyscore(  # type: ignore[assignment]
                 faults_key(slot), since, "+inf")
-            records.extend(_fault_record(json.loads(raw)) for raw in raws)
+            records.extend(_fault_record(raw) for raw in raws)
         return sorted(records, key=lambda r: r.ts)
 
 
-def _fault_record(data: dict[str, Any]) -> FaultRecord:
-    event = FaultEvent.model_validate(data)
+def _fault_record(raw: bytes) -> FaultRecord:
+    event = FaultEvent.model_validate_json(raw)
     return FaultRecord(
         ts=event.unix_ts, fault=event.fault.value, resource_type=event.resource_type,
         units=event.units, lost_seconds=event.lost_seconds,

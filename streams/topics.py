@@ -24,3 +24,19 @@ def create_topics(settings: Settings, partitions: int | None = None) -> list[str
         return ensure_topics(client, topic_specs(settings, partitions))
     finally:
         client.close()
+
+
+def end_offsets(bootstrap: str, namespace: str) -> dict[tuple[str, int], int]:
+    """Where each input partition of ``namespace`` ends now: how far a worker must get."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        wanted = []
+        for name in INPUTS:
+            topic = f"{namespace}.{name}.v1"
+            wanted += [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        ends = consumer.end_offsets(wanted) if wanted else {}
+        return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+    finally:
+        consumer.close()

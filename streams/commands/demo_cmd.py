@@ -1,6 +1,8 @@
-"""``costline demo``: placeholder until the demo lands."""
+"""``costline demo``: the whole pipeline on the embedded stack, with a training-cluster story."""
 
 from __future__ import annotations
+
+import json
 
 import typer
 
@@ -9,4 +11,20 @@ from streams.commands import command_group
 
 @command_group
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command()
+    def demo(
+        ctx: typer.Context,
+        days: int = typer.Option(10, help="Days of history to play (within this month)."),
+        use_running: bool = typer.Option(False, help="Use the Kafka and Redis of the current "
+                                         "settings instead of starting the embedded stack."),
+        keep: bool = typer.Option(False, help="Leave the stack running afterwards."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """Run the pipeline on the embedded stack with a realistic cluster scenario."""
+        from streams.cli import settings_of
+        from streams.demo import Demo
+
+        summary = Demo(settings_of(ctx), days=days, use_running=use_running, keep=keep,
+                       quiet=as_json).run()
+        if as_json:
+            typer.echo(json.dumps(summary, indent=2))

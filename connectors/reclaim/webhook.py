@@ -1,0 +1,151 @@
+"""Webhook: ask a platform's release API to free the resource, with a signed JSON request.
+
+The body is the plan as JSON. It is signed like Slack and Stripe sign theirs: HMAC-SHA256
+with a shared secret over ``timestamp + "." + body``, sent as ``X-Costline-Timestamp`` (Unix
+seconds) and ``X-Costline-Signature: v1=<hex>``; the receiver recomputes it and refuses a
+stale timestamp. ``Idempotency-Key`` carries the plan id, so a receiver can ignore a repeat.
+
+The secret lives in the environment variable named by ``secret_env``: never in the rule file,
+never in a log line or an action record. A 2xx answer is a release; 5xx, a timeout or a
+refused connection is retried with exponential backoff (each try signed afresh); a 4xx is the
+platform saying no, and is not retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from pydantic import AnyHttpUrl, Field
+
+from connectors.reclaim import (
+    EnvName,
+    NotReclaimable,
+    ReclaimConnector,
+    Sleep,
+    backoff_delays,
+    real_sleep,
+    reclaimer,
+    secret_from_env,
+)
+from rules.durations import PositiveDuration, rfc3339
+from rules.findings import ReclaimRequest
+from rules.reclaim import Outcome, Plan, ReclaimParams
+
+SIGNATURE_VERSION = "v1"
+MAX_REASON = 200
+
+
+class WebhookParams(ReclaimParams):
+    """A platform's release API: the plan is POSTed as signed JSON."""
+
+    url: AnyHttpUrl
+    secret_env: EnvName = Field(description="environment variable holding the signing secret")
+    timeout: PositiveDuration = Field(10, json_schema_extra={"default": "10s"})
+    retries: int = Field(3, ge=0, le=10, description="tries after the first on 5xx or no answer")
+    backoff: PositiveDuration = Field(
+        1, json_schema_extra={"default": "1s"}, description="first wait before a retry; doubles"
+    )
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """``v1=<hex HMAC-SHA256 of timestamp.body>``."""
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return f"{SIGNATURE_VERSION}={digest.hexdigest()}"
+
+
+def body_of(plan: Plan) -> bytes:
+    """What the platform receives: enough to find the resource and to audit the request."""
+    data: dict[str, Any] = {
+        "action": "release", "plan_id": plan.plan_id, "rule": plan.rule,
+        "resource_id": plan.resource_id, "resource_type": plan.resource_type,
+        "tags": dict(plan.tags), "idle_since": rfc3339(plan.idle_since),
+        "planned_at": rfc3339(plan.planned_at), "execute_at": rfc3339(plan.execute_at),
+        "mode": plan.mode,
+    }
+    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+
+
+class Retry(Exception):
+    """An answer worth trying again (5xx, timeout, no connection)."""
+
+
+@reclaimer("webhook")
+class WebhookReclaimer(ReclaimConnector):
+    params_model = WebhookParams
+
+    def __init__(self, environ: Mapping[str, str] | None = None, sleep: Sleep = real_sleep,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._environ = environ
+        self._sleep = sleep
+        self._clock = clock
+
+    async def identify(self, request: ReclaimRequest) -> dict[str, str]:
+        params = WebhookParams.model_validate(request.params)
+        secret_from_env(params.secret_env, self._environ)
+        return {"url": str(params.url)}
+
+    def describe(self, plan: Plan) -> str:
+        return f"POST a release request for {plan.resource_id} to {plan.target.get('url', '?')}"
+
+    async def release(self, plan: Plan) -> Outcome:
+        params = WebhookParams.model_validate(plan.params)
+        try:
+            secret = secret_from_env(params.secret_env, self._environ)
+        except NotReclaimable as exc:
+            return Outcome("failed", exc.reason)
+        call = _Call(str(params.url), secret, plan.plan_id, body_of(plan))
+        timeout = aiohttp.ClientTimeout(total=params.timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            return await self._post_with_retries(session, call, params)
+
+    async def _post_with_retries(self, session: aiohttp.ClientSession, call: _Call,
+                                 params: WebhookParams) -> Outcome:
+        delays = backoff_delays(params.retries, params.backoff)
+        problem = ""
+        for attempt in range(params.retries + 1):
+            if attempt:
+                await self._sleep(delays[attempt - 1])
+            try:
+                return await self._post(session, call, attempt + 1)
+            except Retry as exc:
+                problem = str(exc)
+        return Outcome("failed", f"release API did not accept after {params.retries + 1} "
+                       f"tries: {problem}", {"attempts": params.retries + 1})
+
+    async def _post(self, session: aiohttp.ClientSession, call: _Call, attempt: int) -> Outcome:
+        timestamp = str(int(self._clock()))
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "costline-reclaim",
+            "Idempotency-Key": call.plan_id,
+            "X-Costline-Timestamp": timestamp,
+            "X-Costline-Signature": sign(call.secret, timestamp, call.body),
+        }
+        try:
+            async with session.post(call.url, data=call.body, headers=headers,
+                                    allow_redirects=False) as response:
+                text = (await response.text(errors="replace"))[:MAX_REASON]
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Retry(type(exc).__name__) from None
+        if status >= 500:
+            raise Retry(f"HTTP {status}")
+        detail = {"http_status": status, "attempts": attempt}
+        if not 200 <= status < 300:
+            return Outcome("failed", f"release API refused: HTTP {status} {text}".strip(), detail)
+        return Outcome("executed", f"release API accepted: HTTP {status}", detail)
+
+
+@dataclass(frozen=True)
+class _Call:
+    url: str
+    secret: str = field(repr=False)
+    plan_id: str
+    body: bytes

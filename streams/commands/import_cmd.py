@@ -1,0 +1,290 @@
+"""``costline import focus FILE.csv[.gz]``: a FOCUS billing export as usage events.
+
+Events are sent in JSON-array messages of up to ``--batch`` events, and every event goes to the
+partition its own ``event_id`` hashes to, exactly where ``costline produce`` would put it
+alone. The worker remembers counted ids per partition, so this is what lets a re-import, a
+re-export in another row order or a different batch size count nothing twice. The scrapers
+send through the same ``usage_stream``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import typer
+from kafka.partitioner.default import murmur2
+from rich.console import Console
+
+from connectors.focus import (
+    Converted,
+    CostBasis,
+    FocusConverter,
+    FocusFormatError,
+    ImportTally,
+    missing_prices,
+    open_focus,
+    price_book_lines,
+    read_rows,
+)
+from rules.events import MAX_BATCH, AnyEvent, dump_event
+from rules.prices import PriceBook, format_micro
+from rules.yaml_source import SourceInvalid
+from streams.cli import settings_of
+from streams.commands import command_group
+from streams.commands.produce_cmd import (
+    Message,
+    Summary,
+    _count,
+    _ensure_topics,
+    _finish,
+    _kafka_sender,
+    _progress,
+)
+
+DEFAULT_BATCH = 1000
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def partition_of(event_id: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner gives a message keyed by ``event_id``."""
+    return int(murmur2(event_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+@dataclass
+class PartitionBatcher:
+    """Groups events into messages of at most ``size``, each of events of one partition.
+
+    A message is keyed by its first event's id, so the default partitioner sends it to the
+    partition every one of its events belongs to.
+    """
+
+    partitions: int
+    size: int = DEFAULT_BATCH
+    pending: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)
+
+    def add(self, event_id: str, raw: bytes) -> Iterator[Message]:
+        partition = partition_of(event_id, self.partitions)
+        waiting = self.pending.setdefault(partition, [])
+        waiting.append((event_id, raw))
+        if len(waiting) >= self.size:
+            yield self._take(partition)
+
+    def flush(self) -> Iterator[Message]:
+        for partition in sorted(self.pending):
+            if self.pending[partition]:
+                yield self._take(partition)
+
+    def _take(self, partition: int) -> Message:
+        events = self.pending.pop(partition)
+        value = b"[" + b",".join(raw for _, raw in events) + b"]"
+        return Message("usage", events[0][0].encode(), value, len(events))
+
+
+Emit = Callable[[AnyEvent], None]
+
+
+@dataclass
+class UsageStream:
+    """Events in, partition-aligned batches out to the usage topic; ``flush`` ends a round."""
+
+    client: Any
+    send: Callable[[Message], None]
+    batcher: PartitionBatcher
+
+    def emit(self, event: AnyEvent) -> None:
+        for message in self.batcher.add(event.event_id, dump_event(event)):
+            self.send(message)
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Send what is pending and wait for Kafka's acknowledgements."""
+        for message in self.batcher.flush():
+            self.send(message)
+        self.client.flush(timeout=timeout_s)
+
+
+@contextmanager
+def usage_stream(ctx: typer.Context, summary: Summary, batch: int = DEFAULT_BATCH
+                 ) -> Iterator[UsageStream]:
+    """A ``UsageStream`` on the namespace's usage topic (created when missing); on exit the
+    last messages are sent and whatever Kafka did not acknowledge counts as failed."""
+    settings = settings_of(ctx)
+    topic = settings.topic("usage")
+    try:
+        _ensure_topics(ctx)
+        client, send = _kafka_sender(settings.kafka_bootstrap, {"usage": topic}, summary)
+        partitions = len(client.partitions_for(topic))
+    except Exception as exc:  # noqa: BLE001 - kafka-python errors share no usable base
+        _err.print(f"[bold red]costline:[/] Kafka at {settings.kafka_bootstrap}: "
+                   f"{type(exc).__name__}: {exc}")
+        raise typer.Exit(2) from exc
+    stream = UsageStream(client, send, PartitionBatcher(partitions, batch))
+    try:
+        yield stream
+        for message in stream.batcher.flush():
+            send(message)
+    finally:
+        _finish(client, summary)
+
+
+# -- the FOCUS import -------------------------------------------------------------------------
+
+
+def _price_book(ctx: typer.Context) -> PriceBook:
+    try:
+        return PriceBook.load(settings_of(ctx).prices)
+    except SourceInvalid as exc:
+        _err.print(f"[bold red]costline import:[/] price book: {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _refuse_without_prices(book: PriceBook, missing: set[str], prices: Path) -> None:
+    """The worker would dead-letter every event: say which entries to add, and stop."""
+    _err.print(f"[bold red]costline import:[/] the price book {prices} has no "
+               f"{', '.join(sorted(missing))} priced per {book.currency.lower()!r}; "
+               "add under prices:")
+    for line in price_book_lines(book.currency, missing):
+        _err.print(line, markup=False)
+    raise typer.Exit(2)
+
+
+def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter, tally: ImportTally,
+                 emit: Emit | None, advance: Callable[[int], None]) -> None:
+    """Every row through the converter into ``tally``; events to ``emit`` (none: a dry run)."""
+    done = 0
+    for number, row in enumerate(read_rows(source, converter.basis), start=1):
+        outcome = converter.convert(row)
+        tally.count(outcome)
+        if emit is not None and isinstance(outcome, Converted):
+            emit(outcome.event)
+        if number % 256 == 0:
+            position = raw.tell()
+            advance(position - done)
+            done = position
+    advance(raw.tell() - done)
+
+
+@dataclass
+class ImportReport:
+    """The summary printed at the end: the tally, what Kafka took, how fast."""
+
+    file: str
+    basis: CostBasis
+    currency: str
+    dry_run: bool
+    tally: ImportTally
+    sent: Summary
+    warnings: dict[str, int]
+    seconds: float
+    missing_prices: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        sent = self.sent.as_dict()
+        return {
+            "file": self.file,
+            "cost_basis": self.basis.value,
+            "currency": self.currency,
+            "dry_run": self.dry_run,
+            **self.tally.as_dict(),
+            "sent_events": sent["sent_events"],
+            "sent_messages": sent["sent_messages"],
+            "failed_messages": sent["failed_messages"],
+            "errors": sent["errors"],
+            "warnings": dict(sorted(self.warnings.items())),
+            "missing_prices": self.missing_prices,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.tally.rows / self.seconds) if self.seconds else None,
+        }
+
+    def print(self) -> None:
+        tally, money = self.tally, self.currency
+        typer.echo(f"read {_count(tally.rows, 'row')} of {self.file} "
+                   f"({self.basis.column}) in {self.seconds:.2f}s")
+        if self.dry_run:
+            typer.echo(f"dry run: would send {_count(tally.events, 'event')}, "
+                       f"{format_micro(tally.cost_micro)} {money}")
+        else:
+            typer.echo(f"sent {_count(self.sent.sent_events, 'event')} in "
+                       f"{_count(self.sent.sent_messages, 'message')}: "
+                       f"{format_micro(tally.cost_micro)} {money}")
+        for reason, rows in sorted(tally.skipped_rows.items()):
+            typer.echo(f"  skipped {_count(rows, 'row')} ({reason.value}): "
+                       f"{format_micro(tally.skipped_micro[reason])} {money} not counted")
+        for name, number in sorted(self.warnings.items()):
+            typer.echo(f"  warning: {name} × {number}")
+        if self.sent.failed_messages:
+            typer.echo(f"NOT delivered: {_count(self.sent.failed_messages, 'message')} "
+                       f"({'; '.join(self.sent.errors)})")
+        if self.missing_prices:
+            typer.echo(f"the price book lacks {', '.join(self.missing_prices)}: "
+                       "the worker would refuse these events")
+
+
+def _run_import(ctx: typer.Context, file: Path, basis: CostBasis, dry_run: bool, batch: int,
+                show_progress: bool) -> ImportReport:
+    book = _price_book(ctx)
+    missing = missing_prices(book)
+    if missing and not dry_run:
+        _refuse_without_prices(book, missing, settings_of(ctx).prices)
+    converter = FocusConverter(basis, book.currency)
+    tally, sent = ImportTally(), Summary()
+    began = time.perf_counter()
+    bar, advance = _progress([str(file)], show_progress)
+    with open_focus(file) as (source, raw), bar:
+        if dry_run:
+            convert_file(source, raw, converter, tally, None, advance)
+        else:
+            with usage_stream(ctx, sent, batch) as stream:
+                convert_file(source, raw, converter, tally, stream.emit, advance)
+    return ImportReport(str(file), basis, book.currency, dry_run, tally, sent,
+                        dict(converter.warnings), time.perf_counter() - began, sorted(missing))
+
+
+import_app = typer.Typer(name="import", help="Import billing data as usage events.",
+                         no_args_is_help=True)
+
+
+@import_app.command("focus")
+def focus(
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., metavar="FILE.csv[.gz]", help="A FOCUS 1.0 export."),
+    cost: CostBasis = typer.Option(
+        CostBasis.effective, "--cost", help="effective: EffectiveCost (commitments amortised); "
+        "billed: BilledCost (as invoiced)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Read and convert, send nothing."),
+    batch: int = typer.Option(DEFAULT_BATCH, min=1, max=MAX_BATCH, help="Events per message."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Send every row of a FOCUS export as a usage event with the row's cost.
+
+    Credits and other negative amounts are not subtracted: they are skipped and reported.
+    Exit code 1 when rows were skipped for bad data, 2 when Kafka did not take every event.
+    """
+    if not file.is_file():
+        _err.print(f"[bold red]costline import:[/] {file}: no such file")
+        raise typer.Exit(2)
+    try:
+        report = _run_import(ctx, file, cost, dry_run, batch,
+                             _err.is_terminal and not as_json)
+    except (FocusFormatError, csv.Error, UnicodeDecodeError, OSError) as exc:
+        _err.print(f"[bold red]costline import:[/] {file}: {exc}")
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        report.print()
+    if report.sent.failed_messages:
+        raise typer.Exit(2)
+    if report.tally.invalid_rows:
+        raise typer.Exit(1)
+
+
+@command_group
+def register(app: typer.Typer) -> None:
+    app.add_typer(import_app, name="import")

@@ -1,0 +1,297 @@
+"""The demo run: services up, the real worker, the scenario played, a summary read back.
+
+Everything the demo shows comes from the running pipeline: the Slack messages are the ones the
+worker's notifier sent, the summary is read from Redis the way ``costline spend`` reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from streams.scenario import Scenario, training_cluster
+from streams.settings import Settings
+
+console = Console(stderr=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalSlackThread:
+    """The local Slack-compatible server on its own event loop, printing every message."""
+
+    def __init__(self, channels: list[str]) -> None:
+        self.channels = channels
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.server: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from connectors.slack_server import LocalSlack, print_messages
+
+        asyncio.set_event_loop(self.loop)
+        self.server = LocalSlack(channels=self.channels, on_message=print_messages)
+        self.loop.run_until_complete(self.server.start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    def start(self) -> str:
+        self.thread.start()
+        self.ready.wait(10)
+        return str(self.server.url)
+
+    def posted(self) -> int:
+        return len(self.server.calls_to("chat.postMessage")) if self.server else 0
+
+    def stop(self) -> None:
+        if self.server is not None:
+            asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class Demo:
+    def __init__(self, settings: Settings, *, days: int, use_running: bool, keep: bool,
+                 quiet: bool) -> None:
+        self.settings, self.days = settings, days
+        self.use_running, self.keep, self.quiet = use_running, keep, quiet
+        self.namespace = f"demo-{secrets.token_hex(3)}"
+        self.state_dir = settings.state_dir / "demo"
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            console.print(text)
+
+    def run(self) -> dict[str, Any]:
+        began = time.time()
+        with self._services() as env, self._slack(env) as slack, self._worker(env) as worker:
+            scenario = training_cluster(time.time(), days=self.days)
+            for line in scenario.story:
+                self.say(f"  • {line}")
+            self._play(env, scenario)
+            self._wait_for_worker(env, worker)
+            self._settle(env)
+            summary = self._summary(env, slack)
+        summary["seconds"] = round(time.time() - began, 1)
+        if not self.quiet:
+            self._print(summary)
+        return summary
+
+    # -- services -----------------------------------------------------------------------
+
+    @contextmanager
+    def _services(self) -> Iterator[dict[str, str]]:
+        env = dict(os.environ)
+        env.update(COSTLINE_NAMESPACE=self.namespace, COSTLINE_WEB_PORT=str(_free_port()),
+                   COSTLINE_PARTITIONS="4", COSTLINE_RULES_TICK_S="5",
+                   COSTLINE_RULES=str(self.settings.rules),
+                   COSTLINE_PRICES=str(self.settings.prices))
+        if self.use_running:
+            env.update(COSTLINE_KAFKA_BOOTSTRAP=self.settings.kafka_bootstrap,
+                       COSTLINE_REDIS_URL=self.settings.redis_url)
+            yield env
+            return
+        from streams import stack
+
+        self.say("[bold]Starting the embedded stack[/] (Tansu broker, Valkey)…")
+        info = stack.up(self.state_dir, kafka="embedded", redis="embedded", kafka_port=0,
+                        redis_port=0)
+        env.update(info.exports)
+        try:
+            yield env
+        finally:
+            if not self.keep:
+                stack.down(self.state_dir)
+
+    @contextmanager
+    def _slack(self, env: dict[str, str]) -> Iterator[LocalSlackThread | None]:
+        if self.settings.slack_bot_token is not None:
+            self.say("Alerts go to Slack (SLACK_BOT_TOKEN is set).")
+            yield None
+            return
+        from connectors.slack_server import DEFAULT_TOKEN
+
+        slack = LocalSlackThread(self._channels())
+        env.update(SLACK_API_URL=slack.start(), SLACK_BOT_TOKEN=DEFAULT_TOKEN)
+        self.say("Slack messages below come from a local Slack-compatible server.")
+        try:
+            yield slack
+        finally:
+            slack.stop()
+
+    def _channels(self) -> list[str]:
+        from rules.loader import load_rules
+
+        names = {self.settings.slack_fallback_channel.lstrip("#")}
+        for rule in load_rules([self.settings.rules], self.settings.timezone):
+            notify = getattr(rule, "notify", None)
+            if notify is None:
+                continue
+            for channel in [getattr(notify, "slack", None),
+                            *(getattr(notify, "channels", None) or {}).values()]:
+                if channel:
+                    names.add(str(channel).lstrip("#"))
+        return sorted(names)
+
+    @contextmanager
+    def _worker(self, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+        from streams.topics import create_topics
+
+        env.update(COSTLINE_KAFKA_SESSION_TIMEOUT_S=env.get("COSTLINE_KAFKA_SESSION_TIMEOUT_S",
+                                                            "6"),
+                   COSTLINE_KAFKA_REBALANCE_TIMEOUT_S=env.get(
+                       "COSTLINE_KAFKA_REBALANCE_TIMEOUT_S", "3"))
+        create_topics(Settings(kafka_bootstrap=env["COSTLINE_KAFKA_BOOTSTRAP"],
+                               namespace=self.namespace, partitions=4))
+        log = (self.state_dir / "demo-worker.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.say(f"Starting the worker (log: {log})…")
+        proc = subprocess.Popen([sys.executable, "-m", "streams", "worker", "--loglevel",
+                                 "warning"], env=env, stdout=log.open("wb"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    # -- the story ----------------------------------------------------------------------
+
+    def _play(self, env: dict[str, str], scenario: Scenario) -> None:
+        from connectors.kafka import producer
+
+        out = producer(env["COSTLINE_KAFKA_BOOTSTRAP"], client_id="costline-demo")
+        usage, faults = f"{self.namespace}.usage.v1", f"{self.namespace}.faults.v1"
+        events = 0
+        for message in scenario.usage:
+            first = message[0] if isinstance(message, list) else message
+            out.send(usage, json.dumps(message).encode(), key=first["event_id"].encode())
+            events += len(message) if isinstance(message, list) else 1
+        for fault in scenario.faults:
+            out.send(faults, json.dumps(fault).encode(), key=fault["event_id"].encode())
+        out.flush(60)
+        out.close()
+        self.say(f"Played {events:,} usage events and {len(scenario.faults)} faults.")
+
+    def _wait_for_worker(self, env: dict[str, str], worker: subprocess.Popen[bytes],
+                         timeout: float = 180) -> None:
+        from redis import Redis
+
+        from streams.topics import end_offsets
+
+        redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
+        targets = end_offsets(env["COSTLINE_KAFKA_BOOTSTRAP"], self.namespace)
+        deadline = time.time() + timeout
+        with console.status("The worker is counting…") if not self.quiet else _null():
+            while time.time() < deadline:
+                if worker.poll() is not None:
+                    raise RuntimeError("the worker stopped; see its log")
+                behind = [
+                    tp for tp, end in targets.items()
+                    if end > 0 and _watermark(redis, self.namespace, *tp) < end - 1
+                ]
+                if not behind:
+                    return
+                time.sleep(0.5)
+        raise RuntimeError("the worker did not catch up in time")
+
+    def _settle(self, env: dict[str, str], quiet_for: float = 8.0, most: float = 45.0) -> None:
+        """Wait until the rules have had their say: no new alert change for ``quiet_for``."""
+        from redis import Redis
+
+        redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
+        key = f"{self.namespace}:alerts:book"
+        last, changed, began = None, time.time(), time.time()
+        while time.time() - began < most:
+            book = redis.get(key)
+            if book != last:
+                last, changed = book, time.time()
+            elif book is not None and time.time() - changed > quiet_for:
+                return
+            time.sleep(0.5)
+
+    # -- summary ------------------------------------------------------------------------
+
+    def _summary(self, env: dict[str, str], slack: LocalSlackThread | None) -> dict[str, Any]:
+        from redis import Redis
+
+        from connectors.alert_store import AlertStore
+        from connectors.redis_state import RedisState
+        from rules.prices import format_micro
+        from streams.commands.alerts_cmd import alert_rows
+
+        redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
+        state = RedisState(redis, self.namespace, self.settings.timezone)
+        start, end = time.time() - (self.days + 1) * 86400, time.time() + 3600
+
+        def table(measure: str, by: list[str]) -> dict[str, str]:
+            totals = state.totals(measure, {}, by, start, end)  # type: ignore[arg-type]
+            ordered = sorted(totals.items(), key=lambda kv: -kv[1])
+            return {"/".join(k) or "—": format_micro(v) for k, v in ordered}
+
+        return {
+            "namespace": self.namespace,
+            "spend_by_team": table("cost", ["team"]),
+            "spend_by_category": table("cost", ["category"]),
+            "fixed_vs_elastic": table("cost", ["billing"]),
+            "waste_by_fault": table("waste", ["fault"]),
+            "alerts": alert_rows(AlertStore(redis, self.namespace).book()),
+            "slack_messages": slack.posted() if slack else None,
+        }
+
+    def _print(self, summary: dict[str, Any]) -> None:
+        out = Console()
+        for title, key in [("Spend by team", "spend_by_team"),
+                           ("Spend by category", "spend_by_category"),
+                           ("Fixed vs elastic", "fixed_vs_elastic"),
+                           ("Waste by fault type", "waste_by_fault")]:
+            grid = Table(title=title)
+            grid.add_column("group")
+            grid.add_column("USD", justify="right")
+            for group, amount in summary[key].items():
+                grid.add_row(group, amount)
+            out.print(grid)
+        alerts = Table(title="Alerts")
+        for column in ("state", "rule", "group", "value", "line"):
+            alerts.add_column(column)
+        for row in summary["alerts"]:
+            group = ", ".join(f"{k}={v}" for k, v in row["group"].items())
+            alerts.add_row(row["state"], row["rule"], group, row["value"] or "",
+                           row["threshold"] or "")
+        out.print(alerts)
+        sent = summary["slack_messages"]
+        out.print(f"Slack messages posted: {sent if sent is not None else 'see Slack'} · "
+                  f"done in {summary['seconds']} s · namespace {summary['namespace']}")
+
+
+@contextmanager
+def _null() -> Iterator[None]:
+    yield
+
+
+def _watermark(redis: Any, namespace: str, topic: str, partition: int) -> int:
+    from connectors.redis_keys import slot_tag, wm_key
+
+    source = topic.removeprefix(f"{namespace}.").removesuffix(".v1")
+    return int(redis.get(wm_key(slot_tag(namespace, source, partition))) or -1)

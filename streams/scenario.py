@@ -1,0 +1,164 @@
+"""A month of a training cluster, compressed: the events ``costline demo`` plays.
+
+The figures follow public reports so the story is plausible, not invented:
+
+* Llama 3 pre-training saw 419 unexpected interruptions in 54 days on 16,384 H100s, 78% of
+  them hardware (Meta, "The Llama 3 Herd of Models", 2024, §3.3.4): about 4.7e-4
+  interruptions per GPU-day, so a 512-GPU run fails about once every four days.
+* Silent data corruption hits about one machine in a thousand in a large fleet (Dixit et al.,
+  "Silent Data Corruptions at Scale", Meta, 2021); when it is found, training rolls back to
+  the last checkpoint verified clean, hours earlier.
+* Collective-communication timeouts (NCCL watchdog, default 10-30 min) stall every rank of a
+  job before the job is restarted.
+
+Everything here is generated from a seed, so two runs tell the same story.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+HOUR = 3600
+INTERRUPTIONS_PER_GPU_DAY = 419 / (54 * 16384)
+
+
+@dataclass
+class Scenario:
+    now: float
+    start: float
+    # Messages for the usage topic: one event, or a list of events sent as one batch.
+    usage: list[dict[str, Any] | list[dict[str, Any]]] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    story: list[str] = field(default_factory=list)
+
+
+def _usage(event_id: str, ts: float, resource_id: str, resource_type: str, unit: str,
+           quantity: float, tags: dict[str, str]) -> dict[str, Any]:
+    return {"event_id": event_id, "kind": "usage", "ts": round(ts, 3),
+            "resource_id": resource_id, "resource_type": resource_type, "unit": unit,
+            "quantity": quantity, "tags": tags}
+
+
+def _hours(start: float, end: float) -> Iterator[float]:
+    t = start - start % HOUR
+    while t + HOUR <= end:
+        yield t
+        t += HOUR
+
+
+def training_cluster(now: float, days: int = 10, seed: int = 42) -> Scenario:
+    """The last ``days`` days (bounded by this month's start) of a 512-GPU pre-training run,
+    post-training experiments, dev boxes, logs and checkpoints."""
+    rng = random.Random(seed)
+    month_start = _month_start(now)
+    start = max(now - days * 86400, month_start)
+    scenario = Scenario(now=now, start=start)
+    _pretraining(scenario, rng)
+    _posttraining(scenario, rng)
+    _dev_boxes(scenario, rng)
+    _logs(scenario, rng)
+    _checkpoints(scenario, rng)
+    return scenario
+
+
+def _month_start(now: float) -> float:
+    from datetime import UTC, datetime
+
+    moment = datetime.fromtimestamp(now, UTC)
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+PRETRAIN = {"project": "llm-70b", "team": "pretrain", "env": "prod", "stage": "pretrain",
+            "job": "run-42", "owner": "alice"}
+
+
+def _pretraining(s: Scenario, rng: random.Random) -> None:
+    nodes = 64
+    for hour in _hours(s.start, s.now):
+        for node in range(nodes):
+            s.usage.append(_usage(f"pt-{int(hour)}-{node}", hour + 60, f"cluster-a/node-{node:03d}",
+                                  "gpu.h100", "gpu_hour", 8.0, PRETRAIN))
+    span_days = (s.now - s.start) / 86400
+    expected = INTERRUPTIONS_PER_GPU_DAY * 512 * span_days
+    failures = max(2, round(expected))
+    for i in range(failures):
+        ts = rng.uniform(s.start + HOUR, s.now - 2 * HOUR)
+        s.faults.append(_fault(f"pt-nf-{i}", ts, "node_failure", 512,
+                               lost=rng.uniform(900, 3600), recovery=rng.uniform(600, 1800)))
+    s.faults.append(_fault("pt-nccl-0", s.now - 5 * HOUR, "comm_timeout", 512,
+                           lost=1800, recovery=1200))
+    s.faults.append(_fault("pt-sdc-0", s.now - 3 * HOUR, "silent_data_corruption", 512,
+                           lost=6 * HOUR, recovery=2400))
+    s.story.append(f"pre-training run-42: 512 H100s, {failures} node failures, one NCCL "
+                   "timeout, one silent-data-corruption rollback of 6 h")
+
+
+def _fault(event_id: str, ts: float, kind: str, units: int, lost: float, recovery: float
+           ) -> dict[str, Any]:
+    return {"event_id": event_id, "kind": "fault", "ts": round(ts, 3), "fault": kind,
+            "resource_type": "gpu.h100", "units": units, "lost_seconds": round(lost),
+            "recovery_seconds": round(recovery), "tags": dict(PRETRAIN)}
+
+
+def _posttraining(s: Scenario, rng: random.Random) -> None:
+    for n in range(60):
+        begin = rng.uniform(s.start, s.now - 4 * HOUR)
+        hours = rng.choice([1, 2, 3, 4])
+        job = f"sft-{n:03d}" if n % 3 else f"rl-{n:03d}"
+        tags = {"project": "assistant-v3", "team": "posttrain", "env": "prod",
+                "stage": "posttrain", "job": job, "owner": rng.choice(["bob", "chen", "dana"])}
+        node = f"cluster-b/node-{rng.randrange(16):03d}"
+        for h in range(hours):
+            s.usage.append(_usage(f"post-{n}-{h}", begin + h * HOUR, node, "gpu.h100",
+                                  "gpu_hour", 8.0, tags))
+    s.story.append("post-training: 60 short SFT/RL experiments on 8-GPU nodes")
+
+
+def _dev_boxes(s: Scenario, rng: random.Random) -> None:
+    boxes = [("dev-gpu-01", "erin", 0.01), ("dev-gpu-02", "farid", 0.02),
+             ("dev-gpu-03", "gita", 0.0), ("dev-gpu-04", "hugo", 0.71)]
+    for box, owner, util in boxes:
+        tags = {"project": "sandbox", "team": "research", "env": "dev", "stage": "dev",
+                "owner": owner, "job": f"notebook-{owner}"}
+        for hour in _hours(s.now - 14 * HOUR, s.now):
+            s.usage.append(_usage(f"dev-{box}-{int(hour)}", hour, f"lab/{box}", "gpu.a100",
+                                  "gpu_hour", 8.0, tags))
+        samples = []
+        for minute in range(60, 0, -1):
+            ts = s.now - minute * 60
+            value = max(0.0, util + rng.uniform(-0.005, 0.005)) if util < 0.5 else util
+            samples.append({"event_id": f"util-{box}-{int(ts)}", "kind": "utilization",
+                            "ts": round(ts, 3), "resource_id": f"lab/{box}",
+                            "resource_type": "gpu.a100", "metric": "gpu_util",
+                            "value": round(value, 4), "tags": tags})
+        s.usage.append(samples)  # one scrape of the box: a batch message
+    s.story.append("dev boxes: three 8-GPU A100 boxes idle for the last hour, one busy")
+
+
+def _logs(s: Scenario, rng: random.Random) -> None:
+    tags = {"project": "llm-70b", "team": "pretrain", "env": "prod", "job": "run-42",
+            "owner": "alice"}
+    for hour in _hours(s.now - 48 * HOUR, s.now - HOUR):
+        s.usage.append(_usage(f"log-{int(hour)}", hour + 300, "logging/cluster-a",
+                              "logs.ingest", "gb", round(rng.uniform(1.5, 2.5), 3), tags))
+    for minute in range(40, 0, -1):
+        s.usage.append(_usage(f"log-burst-{minute}", s.now - minute * 60, "logging/cluster-a",
+                              "logs.ingest", "gb", 4.0, tags))
+    s.story.append("logs: a debug flag left on multiplies run-42's log volume 100×")
+
+
+def _checkpoints(s: Scenario, rng: random.Random) -> None:
+    tags = {"project": "llm-70b", "team": "pretrain", "env": "prod", "stage": "pretrain"}
+    size_gb = 40_000.0
+    for hour in _hours(s.start, s.now):
+        # The parallel file system is provisioned, not metered: fixed spend.
+        s.usage.append(_usage(f"pfs-{int(hour)}", hour + 900, "lustre/scratch-a",
+                              "storage.parallel_fs", "gb_hour", 250_000.0, tags))
+        recent = hour > s.now - 8 * HOUR
+        size_gb += 600.0 if recent else 40.0
+        s.usage.append(_usage(f"ckpt-{int(hour)}", hour + 1800, "s3://ckpt/llm-70b",
+                              "storage.checkpoint", "gb_hour", round(size_gb, 1), tags))
+    s.story.append("checkpoints: retention misconfigured, storage grows 15× faster today")
