@@ -21,8 +21,8 @@ from faust.types import TP
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from connectors.kafka import KafkaUnavailable, api_versions
 from connectors.alert_store import AlertStore
+from connectors.kafka import KafkaUnavailable, api_versions
 from connectors.redis_apply import BatchWriter
 from connectors.redis_keys import Calendar
 from connectors.redis_state import RedisState
@@ -31,9 +31,9 @@ from rules.prices import PriceBook
 from rules.tally import Folder
 from streams.aggregator import REDIS_DOWN, Aggregator
 from streams.evaluator import Evaluator, RuleSource
-from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
 from streams.health import Health
 from streams.metrics import Metrics
+from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
 from streams.settings import Settings
 
 log = logging.getLogger("costline.worker")

@@ -20,7 +20,7 @@ import asyncio
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
@@ -44,7 +44,8 @@ class NotReclaimable(Exception):
 
 
 class ReclaimConnector(ABC):
-    """One reclamation target. Instances are long-lived and shared by every plan."""
+    """One reclamation target. Instances are long-lived, shared by every plan, and hold no
+    open connections between calls."""
 
     name: ClassVar[str]
     params_model: ClassVar[type[ReclaimParams]]
@@ -60,9 +61,6 @@ class ReclaimConnector(ABC):
     @abstractmethod
     async def release(self, plan: Plan) -> Outcome:
         """Re-check the target against ``plan.target`` and act."""
-
-    async def close(self) -> None:
-        """Release sessions and connections (the worker calls it on shutdown)."""
 
 
 C = TypeVar("C", bound=type[ReclaimConnector])
@@ -108,11 +106,6 @@ def backoff_delays(retries: int, first: float, cap: float = 30.0) -> list[float]
 
 async def real_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
-
-
-def request_fields(request: ReclaimRequest) -> dict[str, Any]:
-    """The reclaim request as plain JSON values (for connectors that send it on)."""
-    return request.to_dict()
 
 
 # Importing the connector modules fills RECLAIMERS (and the rule kinds' connector registry).

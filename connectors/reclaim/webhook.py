@@ -5,7 +5,8 @@ with a shared secret over ``timestamp + "." + body``, sent as ``X-Costline-Times
 seconds) and ``X-Costline-Signature: v1=<hex>``; the receiver recomputes it and refuses a
 stale timestamp. ``Idempotency-Key`` carries the plan id, so a receiver can ignore a repeat.
 
-The secret lives in the environment variable named by ``secret_env``: never in the rule file,
+The secret lives in the environment variable named by ``secret_env`` (default
+``COSTLINE_WEBHOOK_SECRET``): never in the rule file,
 never in a log line or an action record. A 2xx answer is a release; 5xx, a timeout or a
 refused connection is retried with exponential backoff (each try signed afresh); a 4xx is the
 platform saying no, and is not retried.
@@ -39,6 +40,7 @@ from rules.findings import ReclaimRequest
 from rules.reclaim import Outcome, Plan, ReclaimParams
 
 SIGNATURE_VERSION = "v1"
+DEFAULT_SECRET_ENV = "COSTLINE_WEBHOOK_SECRET"
 MAX_REASON = 200
 
 
@@ -46,7 +48,9 @@ class WebhookParams(ReclaimParams):
     """A platform's release API: the plan is POSTed as signed JSON."""
 
     url: AnyHttpUrl
-    secret_env: EnvName = Field(description="environment variable holding the signing secret")
+    secret_env: EnvName = Field(
+        DEFAULT_SECRET_ENV, description="environment variable holding the signing secret"
+    )
     timeout: PositiveDuration = Field(10, json_schema_extra={"default": "10s"})
     retries: int = Field(3, ge=0, le=10, description="tries after the first on 5xx or no answer")
     backoff: PositiveDuration = Field(
