@@ -298,7 +298,8 @@ class PrometheusScraper:
     def events(self, page: Page, now: float) -> list[UsageEvent | UtilizationEvent]:
         """The events of one page scraped at ``now``; skips are counted in ``skipped``."""
         found: list[UsageEvent | UtilizationEvent] = []
-        self.skipped["bad_line"] += len(page.errors)
+        if page.errors:
+            self.skipped["bad_line"] += len(page.errors)
         for sample in page.samples:
             for index, rule in enumerate(self.mapping.rules_for(sample.name)):
                 if rule.selects(sample.labels):

@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -533,6 +534,51 @@ def print_messages(event: str, channel: Channel, message: Message) -> None:
 
 
 # ── command line ───────────────────────────────────────────────────────────────────────────
+
+
+class LocalSlackThread:
+    """The server on an event loop of its own thread: for the demo and for tests that run
+    the worker as a separate process. ``echo`` prints every message as it arrives."""
+
+    def __init__(self, channels: Iterable[str] = DEFAULT_CHANNELS, echo: bool = False) -> None:
+        self.channels = list(channels)
+        self.echo = echo
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.server: LocalSlack | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = LocalSlack(channels=self.channels,
+                                 on_message=print_messages if self.echo else None)
+        self.loop.run_until_complete(self.server.start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    @property
+    def start_url(self) -> str:
+        """The API base URL (``SLACK_API_URL``), starting the server on first use."""
+        if not self.thread.is_alive():
+            return self.start()
+        assert self.server is not None
+        return str(self.server.url)
+
+    def start(self) -> str:
+        """Start serving; returns the API base URL for ``SLACK_API_URL``."""
+        self.thread.start()
+        if not self.ready.wait(10) or self.server is None:
+            raise RuntimeError("the local Slack server did not start")
+        return str(self.server.url)
+
+    def posted(self) -> int:
+        return len(self.server.calls_to("chat.postMessage")) if self.server else 0
+
+    def stop(self) -> None:
+        if self.server is not None:
+            asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:

@@ -6,7 +6,6 @@ worker's notifier sent, the summary is read from Redis the way ``costline spend`
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -14,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,39 +31,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-class LocalSlackThread:
-    """The local Slack-compatible server on its own event loop, printing every message."""
-
-    def __init__(self, channels: list[str]) -> None:
-        self.channels = channels
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.server: Any = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        from connectors.slack_server import LocalSlack, print_messages
-
-        asyncio.set_event_loop(self.loop)
-        self.server = LocalSlack(channels=self.channels, on_message=print_messages)
-        self.loop.run_until_complete(self.server.start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    def start(self) -> str:
-        self.thread.start()
-        self.ready.wait(10)
-        return str(self.server.url)
-
-    def posted(self) -> int:
-        return len(self.server.calls_to("chat.postMessage")) if self.server else 0
-
-    def stop(self) -> None:
-        if self.server is not None:
-            asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 class Demo:
@@ -122,14 +87,14 @@ class Demo:
                 stack.down(self.state_dir)
 
     @contextmanager
-    def _slack(self, env: dict[str, str]) -> Iterator[LocalSlackThread | None]:
+    def _slack(self, env: dict[str, str]) -> Iterator[Any]:
         if self.settings.slack_bot_token is not None:
             self.say("Alerts go to Slack (SLACK_BOT_TOKEN is set).")
             yield None
             return
-        from connectors.slack_server import DEFAULT_TOKEN
+        from connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread
 
-        slack = LocalSlackThread(self._channels())
+        slack = LocalSlackThread(self._channels(), echo=True)
         env.update(SLACK_API_URL=slack.start(), SLACK_BOT_TOKEN=DEFAULT_TOKEN)
         self.say("Slack messages below come from a local Slack-compatible server.")
         try:
@@ -233,7 +198,7 @@ class Demo:
 
     # -- summary ------------------------------------------------------------------------
 
-    def _summary(self, env: dict[str, str], slack: LocalSlackThread | None) -> dict[str, Any]:
+    def _summary(self, env: dict[str, str], slack: Any) -> dict[str, Any]:
         from redis import Redis
 
         from connectors.alert_store import AlertStore

@@ -67,6 +67,8 @@ class RuleSource:
                 self.engine = Engine.for_prices(rules, self.prices)
                 self.error = None
                 self.health.recovered("rules")
+                self.health.facts["rules"] = {"loaded": len(rules), "from": str(self.path),
+                                              "at": time.time()}
                 log.info("loaded %d rules from %s", len(rules), self.path)
         return self.engine
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 @dataclass
 class Health:
     problems: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # Facts worth seeing next to the status (e.g. how many rules are loaded).
+    facts: dict[str, object] = field(default_factory=dict)
 
     def failing(self, dependency: str, error: BaseException | str) -> None:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -29,4 +31,5 @@ class Health:
                 name: {"error": text, "since": since}
                 for name, (text, since) in self.problems.items()
             },
+            **self.facts,
         }

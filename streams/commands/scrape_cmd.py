@@ -22,6 +22,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from connectors.slurm_scrape import SQUEUE
 from rules.durations import rfc3339
 from rules.events import AnyEvent
 from rules.prices import PriceBook
@@ -147,6 +148,41 @@ def prometheus(
         raise typer.Exit(2) from exc
     scraper = PrometheusScraper(url, mapping, interval)
     run_rounds(ctx, url, lambda now: list(scrape(scraper, now, timeout)),
+               lambda: scraper.skipped, interval, once, as_json)
+
+
+def _check_priced(book: PriceBook, resource_type: str, unit: str, option: str) -> None:
+    price = book.prices.get(resource_type)
+    if price is None or price.unit != unit:
+        _err.print(f"[bold red]costline scrape:[/] {option} {resource_type}: the price book "
+                   f"has no such type priced per {unit!r}")
+        raise typer.Exit(2)
+
+
+@scrape_app.command("slurm")
+def slurm(
+    ctx: typer.Context,
+    interval: float = INTERVAL,
+    once: bool = ONCE,
+    as_json: bool = AS_JSON,
+    gpu_default: str = typer.Option(
+        "gpu.h100", help="Resource type of GPUs whose gres type the price book lacks."),
+    cpu_type: str = typer.Option("cpu.general", help="Resource type of CPU-only jobs."),
+    cluster: str = typer.Option("slurm", help="Cluster name when squeue does not give one."),
+    squeue: str = typer.Option(" ".join(SQUEUE), help="The squeue command to run."),
+) -> None:
+    """Count running jobs' GPU-hours (CPU-only jobs: vCPU-hours) for each completed window."""
+    import shlex
+
+    from connectors.slurm_scrape import SlurmScraper, parse_squeue, run_squeue
+
+    book = _price_book(ctx)
+    _check_priced(book, gpu_default, "gpu_hour", "--gpu-default")
+    _check_priced(book, cpu_type, "vcpu_hour", "--cpu-type")
+    scraper = SlurmScraper(interval, book, gpu_default, cpu_type, cluster)
+    command = shlex.split(squeue)
+    run_rounds(ctx, "slurm", lambda now: scraper.events(parse_squeue(run_squeue(command),
+                                                                     cluster), now),
                lambda: scraper.skipped, interval, once, as_json)
 
 

@@ -90,10 +90,15 @@ def run_cli(env: Mapping[str, str], *args: str, timeout: float = 120
                           capture_output=True, text=True, timeout=timeout)
 
 
+def cli_json(env: Mapping[str, str], *args: str) -> Any:
+    """Run a costline command with ``--json`` and return what it printed."""
+    done = run_cli(env, *args, "--json")
+    assert done.returncode == 0, f"costline {' '.join(args)}: {done.stderr}"
+    return json.loads(done.stdout)
+
+
 def spend_json(env: Mapping[str, str], *args: str) -> dict[str, Any]:
-    done = run_cli(env, "spend", "--json", *args)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    return cli_json(env, "spend", *args)  # type: ignore[no-any-return]
 
 
 @dataclass

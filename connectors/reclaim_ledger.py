@@ -1,0 +1,487 @@
+"""The reclamation ledger: plans, their steps and the execution claims, kept in Redis.
+
+Every change of a plan is one compare-and-set script: the step moves only from the state the
+caller saw, and the step's action record is appended to the outbox and the history in the
+same atomic call. So when two workers race, exactly one of them takes each step and publishes
+it; when a worker dies after a step, the outbox still holds the record for the next one to
+publish (at least once: consumers deduplicate by ``action_id``).
+
+A release is guarded by an execution claim, ``SET NX`` on the plan's claim key, taken only
+while the plan is still ``warned`` and reclamation is not paused. The claim is never released:
+a worker that dies between claim and outcome leaves the plan ``executing``, and it is later
+closed as failed with the outcome unknown, never executed a second time.
+
+Keys (``P`` = ``{NS:reclaim}``, one hash slot so every script works on Redis Cluster):
+
+| key | type | holds |
+|---|---|---|
+| ``P:plan:<id>`` | hash | the plan as JSON, its state, approver and claim time |
+| ``P:open`` | set | ids of plans not yet closed |
+| ``P:slot:<rule>\\t<resource>`` | string | the plan holding the resource: while open, then |
+| | | ``cooldown`` seconds more |
+| ``P:claim:<id>`` | string | the worker that claimed the release |
+| ``P:released:<rule>`` | sorted set | plans released (or reserved) in the last hour |
+| ``P:keep:<resource>`` | string | who pressed Keep and until when (expires then) |
+| ``P:paused`` | string | who paused reclamation, when and why |
+| ``P:outbox`` | list | action records not yet handed to the sink, oldest first |
+| ``P:log`` | list | the latest action records, newest first (``costline actions``) |
+
+Closed plans and claims are kept for 30 days.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol
+
+from redis.asyncio import Redis
+
+from rules.reclaim import Keep, Plan, PlanState, Tracked
+
+ClaimResult = Literal["claimed", "taken", "paused"]
+HOUR_S = 3600
+LOG_MAX = 10_000
+CLOSED_KEPT_S = 30 * 86400
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Reclamation is stopped: nothing is planned or released until resumed."""
+
+    by: str
+    at: float
+    reason: str
+
+
+class ReclaimLedger(Protocol):
+    """What the reclamation agent keeps between ticks and shares between workers."""
+
+    async def holder(self, rule: str, resource_id: str) -> str | None:
+        """The plan holding this rule's resource (open, or closed and cooling down)."""
+        ...
+
+    async def open(self, plan: Plan, record: dict[str, Any]) -> bool:
+        """Record a new plan as ``planned``; ``False`` if another plan holds its slot."""
+        ...
+
+    async def plans(self) -> list[Tracked]:
+        """Every plan not yet closed."""
+        ...
+
+    async def get(self, plan_id: str) -> Tracked | None: ...
+
+    async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
+                      record: dict[str, Any]) -> bool:
+        """Move a plan from ``seen`` to ``to`` and log the record; ``False`` if it moved."""
+        ...
+
+    async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
+        """Take the execution claim of a ``warned`` plan (``SET NX``)."""
+        ...
+
+    async def close(self, plan_id: str, seen: PlanState, record: dict[str, Any],
+                    cooldown_s: int) -> bool:
+        """Close a plan and log the record; its slot stays held ``cooldown_s`` seconds."""
+        ...
+
+    async def approve(self, plan_id: str, by: str) -> bool: ...
+
+    async def keep(self, resource_id: str, keep: Keep) -> None: ...
+
+    async def kept(self, resource_id: str, now: float) -> Keep | None: ...
+
+    async def released(self, rule: str, now: float, excluding: Sequence[str] = ()) -> int:
+        """Releases of the rule in the hour before ``now``, not counting ``excluding``."""
+        ...
+
+    async def reserve(self, rule: str, plan_ids: Sequence[str], now: float,
+                      limit: int) -> int | None:
+        """Count ``plan_ids`` as released now if the hour stays within ``limit``: ``None``
+        when reserved, else the releases the hour already holds besides them."""
+        ...
+
+    async def pause(self, pause: Pause) -> None: ...
+
+    async def resume(self) -> bool: ...
+
+    async def paused(self) -> Pause | None: ...
+
+    async def outbox(self, limit: int = 500) -> list[str]:
+        """Records not yet handed to the sink, oldest first (JSON text)."""
+        ...
+
+    async def sent(self, item: str) -> None:
+        """The sink took ``item``: drop it from the outbox."""
+        ...
+
+    async def history(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The latest action records, newest first."""
+        ...
+
+
+def _json(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), sort_keys=True)
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _tracked(fields: Mapping[Any, Any]) -> Tracked | None:
+    data = {(_text(k) or ""): _text(v) for k, v in fields.items()}
+    if not data.get("data"):
+        return None
+    claimed = data.get("claimed_at")
+    return Tracked(Plan.from_dict(json.loads(data["data"] or "{}")),
+                   state=data.get("state") or "planned",  # type: ignore[arg-type]
+                   approved_by=data.get("approved_by") or None,
+                   claimed_at=float(claimed) if claimed else None)
+
+
+_PUSH = """
+local function push(outbox, log, record, log_max)
+  redis.call('RPUSH', outbox, record)
+  redis.call('LPUSH', log, record)
+  redis.call('LTRIM', log, 0, tonumber(log_max) - 1)
+end
+"""
+
+# KEYS: slot, plan, open, outbox, log  ARGV: id, data, record, log_max
+_OPEN = _PUSH + """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
+redis.call('HSET', KEYS[2], 'data', ARGV[2], 'state', 'planned')
+redis.call('SADD', KEYS[3], ARGV[1])
+push(KEYS[4], KEYS[5], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: plan, outbox, log  ARGV: seen, to, record, log_max
+_ADVANCE = _PUSH + """
+if redis.call('HGET', KEYS[1], 'state') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2])
+push(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: plan, claim, paused  ARGV: worker, now
+_CLAIM = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 'paused' end
+if redis.call('HGET', KEYS[1], 'state') ~= 'warned' then return 'taken' end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX') then return 'taken' end
+redis.call('HSET', KEYS[1], 'state', 'executing', 'claimed_at', ARGV[2], 'claimed_by', ARGV[1])
+return 'claimed'
+"""
+
+# KEYS: plan, open, slot, outbox, log, claim  ARGV: id, seen, record, cooldown, log_max, kept_s
+_CLOSE = _PUSH + """
+if redis.call('HGET', KEYS[1], 'state') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'closed')
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('EXPIRE', KEYS[6], ARGV[6])
+redis.call('SREM', KEYS[2], ARGV[1])
+if redis.call('GET', KEYS[3]) == ARGV[1] then
+  if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[3], ARGV[4])
+  else redis.call('DEL', KEYS[3]) end
+end
+push(KEYS[4], KEYS[5], ARGV[3], ARGV[5])
+return 1
+"""
+
+# KEYS: released  ARGV: now, window, limit, id...
+_RESERVE = """
+local now = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[2])))
+local new = {}
+for i = 4, #ARGV do
+  if not redis.call('ZSCORE', KEYS[1], ARGV[i]) then new[#new + 1] = ARGV[i] end
+end
+local card = redis.call('ZCARD', KEYS[1])
+local others = card - (#ARGV - 3 - #new)
+if card + #new > tonumber(ARGV[3]) then return others end
+for _, id in ipairs(new) do redis.call('ZADD', KEYS[1], now, id) end
+redis.call('EXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return -1
+"""
+
+# KEYS: outbox  ARGV: item
+_SENT = """
+if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then return redis.call('LPOP', KEYS[1]) end
+return redis.call('LREM', KEYS[1], 1, ARGV[1])
+"""
+
+# KEYS: plan  ARGV: by
+_APPROVE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'planned' and state ~= 'warned' then return 0 end
+redis.call('HSET', KEYS[1], 'approved_by', ARGV[1])
+return 1
+"""
+
+
+class RedisReclaimLedger:
+    """The ledger every worker of a namespace shares."""
+
+    def __init__(self, redis: Redis, namespace: str = "costline") -> None:
+        self._redis = redis
+        self._p = f"{{{namespace}:reclaim}}"
+        self._open = redis.register_script(_OPEN)
+        self._advance = redis.register_script(_ADVANCE)
+        self._claim = redis.register_script(_CLAIM)
+        self._close = redis.register_script(_CLOSE)
+        self._reserve = redis.register_script(_RESERVE)
+        self._sent = redis.register_script(_SENT)
+        self._approve = redis.register_script(_APPROVE)
+
+    # ── keys ──────────────────────────────────────────────────────────────────────────────
+
+    def _plan(self, plan_id: str) -> str:
+        return f"{self._p}:plan:{plan_id}"
+
+    def _slot(self, rule: str, resource_id: str) -> str:
+        return f"{self._p}:slot:{rule}\t{resource_id}"
+
+    def _claim_key(self, plan_id: str) -> str:
+        return f"{self._p}:claim:{plan_id}"
+
+    def _released(self, rule: str) -> str:
+        return f"{self._p}:released:{rule}"
+
+    def _keep(self, resource_id: str) -> str:
+        return f"{self._p}:keep:{resource_id}"
+
+    @property
+    def _lists(self) -> list[str]:
+        return [f"{self._p}:outbox", f"{self._p}:log"]
+
+    # ── plans ─────────────────────────────────────────────────────────────────────────────
+
+    async def holder(self, rule: str, resource_id: str) -> str | None:
+        return _text(await self._redis.get(self._slot(rule, resource_id)))
+
+    async def open(self, plan: Plan, record: dict[str, Any]) -> bool:
+        keys = [self._slot(plan.rule, plan.resource_id), self._plan(plan.plan_id),
+                f"{self._p}:open", *self._lists]
+        args: list[str | int] = [plan.plan_id, json.dumps(plan.to_dict()), _json(record),
+                                 LOG_MAX]
+        return bool(await self._open(keys=keys, args=args))
+
+    async def plans(self) -> list[Tracked]:
+        ids = sorted(_text(i) or "" for i in await self._redis.smembers(f"{self._p}:open"))
+        pipe = self._redis.pipeline(transaction=False)
+        for plan_id in ids:
+            pipe.hgetall(self._plan(plan_id))
+        found = [_tracked(fields) for fields in await pipe.execute()]
+        return [tracked for tracked in found if tracked is not None]
+
+    async def get(self, plan_id: str) -> Tracked | None:
+        return _tracked(await self._redis.hgetall(self._plan(plan_id)))
+
+    async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
+                      record: dict[str, Any]) -> bool:
+        keys = [self._plan(plan_id), *self._lists]
+        return bool(await self._advance(keys=keys, args=[seen, to, _json(record), LOG_MAX]))
+
+    async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
+        keys = [self._plan(plan_id), self._claim_key(plan_id), f"{self._p}:paused"]
+        answer = _text(await self._claim(keys=keys, args=[worker, repr(now)]))
+        return answer if answer in ("claimed", "paused") else "taken"  # type: ignore[return-value]
+
+    async def close(self, plan_id: str, seen: PlanState, record: dict[str, Any],
+                    cooldown_s: int) -> bool:
+        tracked = await self.get(plan_id)
+        if tracked is None:
+            return False
+        plan = tracked.plan
+        keys = [self._plan(plan_id), f"{self._p}:open", self._slot(plan.rule, plan.resource_id),
+                *self._lists, self._claim_key(plan_id)]
+        args: list[str | int] = [plan_id, seen, _json(record), max(0, int(cooldown_s)),
+                                 LOG_MAX, CLOSED_KEPT_S]
+        return bool(await self._close(keys=keys, args=args))
+
+    async def approve(self, plan_id: str, by: str) -> bool:
+        return bool(await self._approve(keys=[self._plan(plan_id)], args=[by]))
+
+    # ── keep, caps, pause ─────────────────────────────────────────────────────────────────
+
+    async def keep(self, resource_id: str, keep: Keep) -> None:
+        await self._redis.set(self._keep(resource_id), json.dumps(asdict(keep)),
+                              exat=int(keep.until) + 1)
+
+    async def kept(self, resource_id: str, now: float) -> Keep | None:
+        raw = _text(await self._redis.get(self._keep(resource_id)))
+        if not raw:
+            return None
+        keep = Keep(**json.loads(raw))
+        return keep if keep.until > now else None
+
+    async def released(self, rule: str, now: float, excluding: Sequence[str] = ()) -> int:
+        members = await self._redis.zrangebyscore(self._released(rule), now - HOUR_S, "+inf")
+        return len({str(_text(m)) for m in members if isinstance(m, bytes | str)}
+                   - set(excluding))
+
+    async def reserve(self, rule: str, plan_ids: Sequence[str], now: float,
+                      limit: int) -> int | None:
+        answer = int(await self._reserve(keys=[self._released(rule)],
+                                         args=[repr(now), HOUR_S, limit, *plan_ids]))
+        return None if answer < 0 else answer
+
+    async def pause(self, pause: Pause) -> None:
+        await self._redis.set(f"{self._p}:paused", json.dumps(asdict(pause)))
+
+    async def resume(self) -> bool:
+        return bool(await self._redis.delete(f"{self._p}:paused"))
+
+    async def paused(self) -> Pause | None:
+        raw = _text(await self._redis.get(f"{self._p}:paused"))
+        return Pause(**json.loads(raw)) if raw else None
+
+    # ── records ───────────────────────────────────────────────────────────────────────────
+
+    async def outbox(self, limit: int = 500) -> list[str]:
+        items: list[bytes | str] = await self._redis.lrange(self._lists[0], 0, limit - 1)
+        return [_text(item) or "" for item in items]
+
+    async def sent(self, item: str) -> None:
+        await self._sent(keys=[self._lists[0]], args=[item])
+
+    async def history(self, limit: int = 100) -> list[dict[str, Any]]:
+        items = await self._redis.lrange(self._lists[1], 0, limit - 1)
+        return [json.loads(_text(item) or "{}") for item in items]
+
+
+class MemoryReclaimLedger:
+    """The same ledger in one process: for unit tests and a single worker without Redis."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._plans: dict[str, dict[str, Any]] = {}
+        self._open: set[str] = set()
+        self._slots: dict[tuple[str, str], tuple[str, float | None]] = {}
+        self._claims: dict[str, str] = {}
+        self._released: dict[str, dict[str, float]] = {}
+        self._keeps: dict[str, Keep] = {}
+        self._pause: Pause | None = None
+        self._outbox: list[str] = []
+        self._log: list[str] = []
+
+    def _push(self, record: dict[str, Any]) -> None:
+        item = _json(record)
+        self._outbox.append(item)
+        self._log.insert(0, item)
+        del self._log[LOG_MAX:]
+
+    def _state(self, plan_id: str) -> str | None:
+        entry = self._plans.get(plan_id)
+        return None if entry is None else str(entry["state"])
+
+    async def holder(self, rule: str, resource_id: str) -> str | None:
+        held = self._slots.get((rule, resource_id))
+        if held is None:
+            return None
+        plan_id, until = held
+        return plan_id if until is None or until > self._clock() else None
+
+    async def open(self, plan: Plan, record: dict[str, Any]) -> bool:
+        if await self.holder(plan.rule, plan.resource_id) is not None:
+            return False
+        self._slots[(plan.rule, plan.resource_id)] = (plan.plan_id, None)
+        self._plans[plan.plan_id] = {"plan": plan, "state": "planned", "approved_by": None,
+                                     "claimed_at": None}
+        self._open.add(plan.plan_id)
+        self._push(record)
+        return True
+
+    async def plans(self) -> list[Tracked]:
+        found = [await self.get(plan_id) for plan_id in sorted(self._open)]
+        return [tracked for tracked in found if tracked is not None]
+
+    async def get(self, plan_id: str) -> Tracked | None:
+        entry = self._plans.get(plan_id)
+        if entry is None:
+            return None
+        return Tracked(entry["plan"], entry["state"], entry["approved_by"], entry["claimed_at"])
+
+    async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
+                      record: dict[str, Any]) -> bool:
+        if self._state(plan_id) != seen:
+            return False
+        self._plans[plan_id]["state"] = to
+        self._push(record)
+        return True
+
+    async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
+        if self._pause is not None:
+            return "paused"
+        if self._state(plan_id) != "warned" or plan_id in self._claims:
+            return "taken"
+        self._claims[plan_id] = worker
+        self._plans[plan_id].update(state="executing", claimed_at=now)
+        return "claimed"
+
+    async def close(self, plan_id: str, seen: PlanState, record: dict[str, Any],
+                    cooldown_s: int) -> bool:
+        if self._state(plan_id) != seen:
+            return False
+        entry = self._plans[plan_id]
+        entry["state"] = "closed"
+        self._open.discard(plan_id)
+        plan: Plan = entry["plan"]
+        slot = (plan.rule, plan.resource_id)
+        if self._slots.get(slot, ("", None))[0] == plan_id:
+            if cooldown_s > 0:
+                self._slots[slot] = (plan_id, self._clock() + cooldown_s)
+            else:
+                del self._slots[slot]
+        self._push(record)
+        return True
+
+    async def approve(self, plan_id: str, by: str) -> bool:
+        if self._state(plan_id) not in ("planned", "warned"):
+            return False
+        self._plans[plan_id]["approved_by"] = by
+        return True
+
+    async def keep(self, resource_id: str, keep: Keep) -> None:
+        self._keeps[resource_id] = keep
+
+    async def kept(self, resource_id: str, now: float) -> Keep | None:
+        keep = self._keeps.get(resource_id)
+        return keep if keep is not None and keep.until > now else None
+
+    async def released(self, rule: str, now: float, excluding: Sequence[str] = ()) -> int:
+        recent = self._released.get(rule, {})
+        return sum(1 for plan_id, at in recent.items()
+                   if at >= now - HOUR_S and plan_id not in excluding)
+
+    async def reserve(self, rule: str, plan_ids: Sequence[str], now: float,
+                      limit: int) -> int | None:
+        recent = {p: at for p, at in self._released.get(rule, {}).items() if at >= now - HOUR_S}
+        new = [plan_id for plan_id in plan_ids if plan_id not in recent]
+        if len(recent) + len(new) > limit:
+            return len(set(recent) - set(plan_ids))
+        recent.update(dict.fromkeys(new, now))
+        self._released[rule] = recent
+        return None
+
+    async def pause(self, pause: Pause) -> None:
+        self._pause = pause
+
+    async def resume(self) -> bool:
+        was, self._pause = self._pause, None
+        return was is not None
+
+    async def paused(self) -> Pause | None:
+        return self._pause
+
+    async def outbox(self, limit: int = 500) -> list[str]:
+        return self._outbox[:limit]
+
+    async def sent(self, item: str) -> None:
+        if item in self._outbox:
+            self._outbox.remove(item)
+
+    async def history(self, limit: int = 100) -> list[dict[str, Any]]:
+        return [json.loads(item) for item in self._log[:limit]]

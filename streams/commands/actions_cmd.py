@@ -1,0 +1,159 @@
+"""``costline actions`` and ``costline reclaim``: the reclamation audit log, pause and resume.
+
+Importing this module registers the reclamation connectors' parameters with the idle rule
+kind, so every command (``rules validate``, ``worker``) checks ``reclaim:`` against the
+connectors that can run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import typer
+
+import connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
+from streams.commands import command_group
+
+T = TypeVar("T")
+COLUMNS = ("at", "step", "rule", "resource_id", "connector", "mode", "saved", "reason")
+
+
+def _with_ledger(ctx: typer.Context, use: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``use(ledger)`` against the namespace's Redis ledger."""
+    from redis.asyncio import Redis
+
+    from connectors.reclaim_ledger import RedisReclaimLedger
+    from streams.cli import settings_of
+
+    settings = settings_of(ctx)
+
+    async def run() -> T:
+        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=10)
+        try:
+            return await use(RedisReclaimLedger(redis, settings.namespace))
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
+def _print_actions(records: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(records)} latest reclamation step(s), newest first")
+    for column in COLUMNS:
+        table.add_column(column, overflow="fold")
+    for record in records:
+        table.add_row(*(str(record.get(column, "")) for column in COLUMNS))
+    Console().print(table)
+
+
+def status_report(pause: Any, plans: list[Any], now: float) -> dict[str, Any]:
+    """Paused or not, and the open plans: what ``reclaim status --json`` prints."""
+    from rules.durations import rfc3339
+
+    return {
+        "paused": pause is not None,
+        "paused_by": getattr(pause, "by", None),
+        "paused_at": rfc3339(pause.at) if pause is not None else None,
+        "reason": getattr(pause, "reason", None),
+        "plans": [
+            {"plan_id": t.plan.plan_id, "rule": t.plan.rule, "resource_id": t.plan.resource_id,
+             "connector": t.plan.connector, "mode": t.plan.mode, "state": t.state,
+             "execute_at": rfc3339(t.plan.execute_at), "due": t.plan.execute_at <= now,
+             "approved_by": t.approved_by}
+            for t in plans
+        ],
+    }
+
+
+def _user(by: str | None) -> str:
+    if by:
+        return by
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+@command_group
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def actions(
+        ctx: typer.Context,
+        limit: int = typer.Option(50, min=1, max=10_000, help="How many steps to show."),
+        as_json: bool = typer.Option(False, "--json", help="Print the action records as JSON."),
+    ) -> None:
+        """The latest reclamation steps (planned, warned, executed, skipped, failed)."""
+
+        async def latest(ledger: Any) -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = await ledger.history(limit)
+            return found
+
+        records = _with_ledger(ctx, latest)
+        if as_json:
+            typer.echo(json.dumps(records, indent=2))
+        else:
+            _print_actions(records)
+
+    reclaim = typer.Typer(help="Automatic reclamation: pause, resume, status.",
+                          no_args_is_help=True)
+    app.add_typer(reclaim, name="reclaim")
+
+    @reclaim.command("pause")
+    def pause(
+        ctx: typer.Context,
+        reason: str = typer.Option("", help="Why (shown by status)."),
+        by: str | None = typer.Option(None, help="Who; default the current user."),
+    ) -> None:
+        """Stop all reclamation now: no new plans, due plans are skipped, nothing released."""
+        from connectors.reclaim_ledger import Pause
+
+        who = _user(by)
+
+        async def stop(ledger: Any) -> None:
+            await ledger.pause(Pause(who, time.time(), reason))
+
+        _with_ledger(ctx, stop)
+        typer.echo(f"reclamation paused by {who}")
+
+    @reclaim.command("resume")
+    def resume(ctx: typer.Context) -> None:
+        """Resume reclamation (resources are planned afresh, each with its full grace)."""
+
+        async def go(ledger: Any) -> bool:
+            resumed: bool = await ledger.resume()
+            return resumed
+
+        was_paused = _with_ledger(ctx, go)
+        typer.echo("reclamation resumed" if was_paused else "reclamation was not paused")
+
+    @reclaim.command("status")
+    def status(
+        ctx: typer.Context,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Whether reclamation is paused, and the plans waiting for their grace or approval."""
+
+        async def read(ledger: Any) -> dict[str, Any]:
+            return status_report(await ledger.paused(), await ledger.plans(), time.time())
+
+        report = _with_ledger(ctx, read)
+        if as_json:
+            typer.echo(json.dumps(report, indent=2))
+            return
+        if report["paused"]:
+            why = f": {report['reason']}" if report["reason"] else ""
+            typer.echo(f"paused by {report['paused_by']} at {report['paused_at']}{why}")
+        else:
+            typer.echo("running")
+        for plan in report["plans"]:
+            typer.echo(f"  {plan['state']:<9} {plan['rule']} {plan['resource_id']} via "
+                       f"{plan['connector']} ({plan['mode']}) at {plan['execute_at']}")
+        typer.echo(f"{len(report['plans'])} open plan(s)")

@@ -1,0 +1,350 @@
+"""FOCUS rows → usage events, without a broker: costs, skips, ids, tags, files, batching.
+
+Part of these tests run on real billing data: the FinOps Foundation's FOCUS 1.0 sample
+(``FOCUS-Sample-Data``, ``FOCUS-1.0/focus_sample.csv``, 1,000 anonymized rows from AWS, Google
+Cloud, Microsoft and Oracle), licensed CC BY 4.0: https://creativecommons.org/licenses/by/4.0/
+— see ``/work/shared/data/focus/README.md`` and ``LICENSE.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from collections import Counter
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from connectors.focus import (
+    Converted,
+    CostBasis,
+    FocusConverter,
+    FocusFormatError,
+    ImportTally,
+    Skipped,
+    SkipReason,
+    focus_prices,
+    merge_tags,
+    missing_prices,
+    open_focus,
+    price_book_lines,
+    read_rows,
+    tag_key,
+)
+from rules.events import Parsed, parse_message
+from rules.prices import PriceBook, PriceBookModel
+from streams.commands.import_cmd import PartitionBatcher, partition_of
+
+SAMPLE = Path("/work/shared/data/focus/focus_1.0_sample_1000.csv")
+REPO = Path(__file__).resolve().parents[2]
+NOW = 1795852800.0  # 2026-11-28T00:00:00Z
+needs_sample = pytest.mark.skipif(not SAMPLE.is_file(), reason=f"no FOCUS sample at {SAMPLE}")
+
+
+def row(**cells: str) -> dict[str, str | None]:
+    """A FOCUS row with what an event needs; ``cells`` override."""
+    base: dict[str, str | None] = {
+        "BilledCost": "12.5", "EffectiveCost": "10.25", "BillingCurrency": "USD",
+        "ChargePeriodStart": "2024-09-18 22:00:00", "ChargePeriodEnd": "2024-09-18 23:00:00",
+        "ChargeCategory": "Usage", "ChargeClass": "NULL", "ServiceCategory": "Compute",
+        "ServiceName": "Amazon Elastic Compute Cloud", "ProviderName": "AWS",
+        "SubAccountId": "123456789012", "SubAccountName": "research", "RegionId": "us-east-1",
+        "BillingAccountId": "999", "ResourceId": "i-0abc", "Tags": '{"team": "pretrain"}',
+    }
+    base.update(cells)
+    return base
+
+
+def convert(basis: CostBasis = CostBasis.effective, **cells: str) -> Converted | Skipped:
+    return FocusConverter(basis, "USD", now=NOW).convert(row(**cells))
+
+
+def converted(**cells: str) -> Converted:
+    outcome = convert(**cells)
+    assert isinstance(outcome, Converted), outcome
+    return outcome
+
+
+# -- costs ------------------------------------------------------------------------------------
+
+
+def test_a_usage_row_becomes_a_usage_event_with_its_cost_at_price_one() -> None:
+    event = converted().event
+    assert (event.kind, event.ts, event.resource_id) == ("usage", "2024-09-18T22:00:00Z", "i-0abc")
+    assert (event.resource_type, event.unit, event.category) == ("focus.compute", "usd", "compute")
+    assert event.cost == event.quantity == 10.25
+    assert event.tags == {"provider": "AWS", "service": "Amazon Elastic Compute Cloud",
+                          "sub_account": "123456789012", "sub_account_name": "research",
+                          "billing_account": "999", "region": "us-east-1",
+                          "charge_category": "Usage", "team": "pretrain"}
+
+
+def test_billed_basis_takes_billed_cost() -> None:
+    outcome = convert(CostBasis.billed)
+    assert isinstance(outcome, Converted) and outcome.event.cost == 12.5
+
+
+@pytest.mark.parametrize(("cells", "reason", "micro"), [
+    ({"EffectiveCost": "-3", "ChargeCategory": "Credit"}, SkipReason.credit, -3_000_000),
+    ({"EffectiveCost": "-0.5", "ChargeClass": "Correction"}, SkipReason.correction, -500_000),
+    ({"EffectiveCost": "-0.00000764078"}, SkipReason.negative_cost, -8),
+    ({"EffectiveCost": "NULL"}, SkipReason.null_cost, 0),
+    ({"EffectiveCost": ""}, SkipReason.null_cost, 0),
+    ({"EffectiveCost": "twelve"}, SkipReason.bad_cost, 0),
+    ({"EffectiveCost": "NaN"}, SkipReason.bad_cost, 0),
+    ({"ChargePeriodStart": "NULL"}, SkipReason.bad_timestamp, 10_250_000),
+    ({"ChargePeriodStart": "18/09/2024"}, SkipReason.bad_timestamp, 10_250_000),
+    ({"ChargePeriodStart": "2027-01-01 00:00:00"}, SkipReason.future, 10_250_000),
+    ({"BillingCurrency": "EUR"}, SkipReason.other_currency, 10_250_000),
+])
+def test_rows_that_cannot_be_events_are_skipped_with_reason_and_amount(
+    cells: dict[str, str], reason: SkipReason, micro: int,
+) -> None:
+    assert convert(**cells) == Skipped(reason, micro)
+
+
+def test_a_positive_correction_counts_and_says_so() -> None:
+    event = converted(EffectiveCost="0.75", ChargeClass="Correction").event
+    assert (event.cost, event.tags["charge_class"]) == (0.75, "Correction")
+
+
+def test_zero_cost_rows_are_sent_they_are_usage_that_cost_nothing() -> None:
+    assert converted(EffectiveCost="0.00000000000").event.cost == 0.0
+
+
+def test_costs_reach_the_worker_rounded_once_half_to_even() -> None:
+    """The float on the wire is the micro-unit amount exactly, whatever digits the row had."""
+    book = PriceBook(PriceBookModel(currency="USD", prices=focus_prices("USD")))
+    for text, micro in [("0.0000005", 0), ("0.0000015", 2), ("0.00001605990", 16),
+                        ("123456789.1234565", 123456789123456), ("7", 7_000_000)]:
+        outcome = converted(EffectiveCost=text)
+        assert outcome.micro == micro
+        parsed = parse_message(outcome.event.model_dump_json(exclude_none=True).encode(),
+                               now=NOW)
+        assert isinstance(parsed, Parsed)
+        assert book.charge(parsed.events[0]).cost_micro == micro  # type: ignore[arg-type]
+
+
+# -- the real sample --------------------------------------------------------------------------
+
+
+def convert_sample(basis: CostBasis) -> tuple[list[Converted], ImportTally, FocusConverter]:
+    converter = FocusConverter(basis, "USD", now=NOW)
+    tally, events = ImportTally(), []
+    with open_focus(SAMPLE) as (text, _):
+        for raw in read_rows(text, basis):
+            outcome = converter.convert(raw)
+            tally.count(outcome)
+            if isinstance(outcome, Converted):
+                events.append(outcome)
+    return events, tally, converter
+
+
+@needs_sample
+@pytest.mark.parametrize("basis", list(CostBasis))
+def test_the_sample_converts_to_the_csv_sums_per_category(basis: CostBasis) -> None:
+    category = {"Compute": "compute", "AI and Machine Learning": "compute",
+                "Databases": "database", "Storage": "storage", "Networking": "network",
+                "Management and Governance": "observability", "Identity": "security",
+                "Security": "security", "Integration": "other", "Other": "other"}
+    expected: Counter[str] = Counter()
+    negative = 0
+    with SAMPLE.open(newline="") as handle:
+        for line in csv.DictReader(handle):
+            amount = Decimal(line[basis.column])
+            if amount < 0:
+                negative += 1
+                continue
+            micro = int((amount * 1_000_000).quantize(Decimal(1), ROUND_HALF_EVEN))
+            expected[category[line["ServiceCategory"]]] += micro
+    events, tally, converter = convert_sample(basis)
+    assert tally.rows == 1000 and tally.events == len(events) == 1000 - negative
+    assert sum(tally.skipped_rows[r] for r in (SkipReason.credit, SkipReason.negative_cost)) \
+        == negative
+    assert tally.invalid_rows == 0
+    assert dict(tally.by_category) == {k: v for k, v in expected.items()}
+    assert len({e.event.event_id for e in events}) == len(events)
+    assert converter.warnings["tag_key_clash"] > 0  # " org" beside "org" in the sample
+
+
+# -- event ids --------------------------------------------------------------------------------
+
+
+def test_event_ids_ignore_amounts_cost_basis_and_time_spelling() -> None:
+    first = converted().event.event_id
+    assert first.startswith("focus:") and len(first) == 38
+    assert converted(EffectiveCost="99").event.event_id == first
+    assert converted(ChargePeriodStart="2024-09-18T22:00:00Z",
+                     ChargePeriodEnd="2024-09-18T23:00:00+00:00").event.event_id == first
+    outcome = convert(CostBasis.billed)
+    assert isinstance(outcome, Converted) and outcome.event.event_id == first
+    assert converted(ResourceId="i-0def").event.event_id != first
+
+
+def test_identical_rows_in_one_file_are_distinct_charges() -> None:
+    converter = FocusConverter(CostBasis.effective, "USD", now=NOW)
+    ids = []
+    for _ in range(3):
+        outcome = converter.convert(row())
+        assert isinstance(outcome, Converted)
+        ids.append(outcome.event.event_id)
+    assert ids[1] == ids[0] + ":2" and ids[2] == ids[0] + ":3"
+
+
+# -- tags -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "key"), [
+    ("CostCenter", "cost_center"), ("ms:Department", "ms_department"), (" org", "org"),
+    ("aks-managed-poolName", "aks_managed_pool_name"), ("FOCUS-Test", "focus_test"),
+    ("2fa", "tag_2fa"), ("___", None), ("x" * 80, "x" * 63), ("business_unit", "business_unit"),
+])
+def test_foreign_tag_keys_are_normalised(raw: str, key: str | None) -> None:
+    assert tag_key(raw) == key
+
+
+def test_merge_keeps_fixed_tags_prefers_exact_keys_and_stops_at_32() -> None:
+    foreign: dict[str, object] = {" org": "spaced", "org": "exact", "Provider": "mine",
+                                  "n": 5, "flag": True, "none": None, "empty": " ",
+                                  "long": "v" * 300}
+    foreign.update({f"z{i:02d}": "x" for i in range(30)})  # sorted after the others
+    tags, dropped = merge_tags({"provider": "AWS"}, foreign)
+    assert (tags["provider"], tags["org"], tags["n"], tags["flag"]) == ("AWS", "exact", "5", "true")
+    assert len(tags["long"]) == 256 and "none" not in tags and "empty" not in tags
+    assert len(tags) == 32
+    assert dropped == {"tag_key_clash": 2, "tag_unusable": 2, "tags_over_limit": 3}
+
+
+def test_tags_that_are_not_a_json_object_are_a_warning_not_a_skip() -> None:
+    converter = FocusConverter(CostBasis.effective, "USD", now=NOW)
+    outcome = converter.convert(row(Tags="[1, 2]"))
+    assert isinstance(outcome, Converted) and "team" not in outcome.event.tags
+    assert converter.warnings == {"bad_tags": 1}
+
+
+def test_an_unknown_service_category_is_other_and_counted() -> None:
+    converter = FocusConverter(CostBasis.effective, "USD", now=NOW)
+    outcome = converter.convert(row(ServiceCategory="Quantum"))
+    assert isinstance(outcome, Converted) and outcome.event.resource_type == "focus.other"
+    assert converter.warnings == {"unmapped_service_category": 1}
+
+
+def test_rows_without_resource_id_get_one_per_service() -> None:
+    assert converted(ResourceId="NULL").event.resource_id == \
+        "AWS/123456789012/Amazon Elastic Compute Cloud"
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+def csv_text(rows: list[dict[str, str | None]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def test_gzip_and_a_byte_order_mark_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "export.csv.gz"
+    path.write_bytes(gzip.compress(b"\xef\xbb\xbf" + csv_text([row(), row()]).encode()))
+    with open_focus(path) as (text, raw):
+        rows = list(read_rows(text, CostBasis.effective))
+        assert raw.tell() == path.stat().st_size
+    assert [r["EffectiveCost"] for r in rows] == ["10.25", "10.25"]
+
+
+def test_a_file_without_the_cost_column_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "not-focus.csv"
+    path.write_text("a,b\n1,2\n")
+    with open_focus(path) as (text, _), pytest.raises(FocusFormatError, match="EffectiveCost"):
+        list(read_rows(text, CostBasis.effective))
+
+
+# -- the price book -----------------------------------------------------------------------------
+
+
+def test_the_proposed_price_book_lines_complete_the_example_book(tmp_path: Path) -> None:
+    example = REPO / "rules" / "prices" / "example.yaml"
+    missing = missing_prices(PriceBook.load(example))
+    path = tmp_path / "prices.yaml"
+    path.write_text(example.read_text() + "\n".join(price_book_lines("USD", missing)) + "\n")
+    book = PriceBook.load(path)
+    assert missing_prices(book) == set()
+    assert {name: p.category.value for name, p in book.prices.items()
+            if name.startswith("focus.")} == {f"focus.{c}": c for c in (
+                "compute", "storage", "network", "database", "observability", "security",
+                "operations", "migration", "other")}
+
+
+# -- batching -----------------------------------------------------------------------------------
+
+
+def test_each_message_holds_events_of_one_partition_and_is_keyed_to_it() -> None:
+    batcher = PartitionBatcher(partitions=6, size=4)
+    messages = []
+    for n in range(50):
+        messages += batcher.add(f"focus:{n:032x}", json.dumps({"n": n}).encode())
+    messages += batcher.flush()
+    assert sum(m.events for m in messages) == 50 and max(m.events for m in messages) == 4
+    for message in messages:
+        partition = partition_of(message.key.decode(), 6)
+        members: list[Any] = json.loads(message.value)
+        ids = [f"focus:{m['n']:032x}" for m in members]
+        assert {partition_of(i, 6) for i in ids} == {partition}
+        assert ids[0] == message.key.decode()
+
+
+def test_partition_of_agrees_with_kafkas_default_partitioner() -> None:
+    from kafka.partitioner.default import DefaultPartitioner
+
+    class Cluster:
+        def topics(self) -> set[str]:
+            return {"t"}
+
+        def partitions_for_topic(self, topic: str) -> set[int]:
+            return set(range(6))
+
+        def available_partitions_for_topic(self, topic: str) -> set[int]:
+            return set(range(6))
+
+    chooser = DefaultPartitioner()
+    for event_id in ("focus:abc", "slurm:c:42:1795852800:gpu.h100", "prom:1:2", "u-8812"):
+        key = event_id.encode()
+        assert chooser.partition("t", event_id, key, None, None, Cluster()) == \
+            partition_of(event_id, 6)
+
+
+# -- the command, offline -----------------------------------------------------------------------
+
+
+def cli(*args: str) -> Any:
+    from streams.cli import _register, app
+
+    _register()
+    return CliRunner().invoke(app, list(args))
+
+
+@needs_sample
+def test_dry_run_reports_without_kafka() -> None:
+    result = cli("import", "focus", str(SAMPLE), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["rows_read"], report["sent_events"], report["dry_run"]) == (1000, 0, True)
+    assert report["skipped"]["credit"] == {"rows": 1, "cost": "-3.000000"}
+
+
+def test_an_import_the_worker_could_not_price_stops_before_sending(tmp_path: Path) -> None:
+    path = tmp_path / "one.csv"
+    path.write_text(csv_text([row()]))
+    result = cli("--prices", str(REPO / "rules/prices/example.yaml"), "--kafka-bootstrap",
+                 "127.0.0.1:1", "import", "focus", str(path))
+    if not missing_prices(PriceBook.load(REPO / "rules/prices/example.yaml")):
+        pytest.skip("the example price book already prices focus.*")
+    assert result.exit_code == 2
+    assert "focus.compute:" in result.output and "unit: usd, price: 1" in result.output
