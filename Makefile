@@ -3,7 +3,8 @@
 #   make test                      the test suite (CI runs exactly this, with REQUIRE_SERVICES=1)
 #   make test PYTEST_ARGS='-m "not integration"'    only the fast tests
 #   make demo                      the whole pipeline on the embedded stack
-#   eval "$$(make -s stack-up)"    local Kafka and Redis; STACK_ARGS='--kafka apache' for the real broker
+#   eval "$(make -s stack-up)"     local Kafka and Redis; STACK_ARGS='--kafka apache' for the real
+#                                  broker, STATE_DIR=... for another state folder
 #   make stack-down
 #   make lint                      ruff and mypy --strict (rules/, connectors/)
 #
@@ -14,6 +15,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 STACK_ARGS  ?=
+STATE_DIR   ?=
+STATE_ARG   := $(if $(STATE_DIR),--state-dir $(STATE_DIR))
 
 .PHONY: test demo stack-up stack-down lint
 
@@ -34,10 +37,10 @@ demo: $(BIN)/costline
 	$(BIN)/costline demo
 
 stack-up: $(BIN)/costline
-	@$(BIN)/costline stack up $(STACK_ARGS)
+	@$(BIN)/costline stack up $(STATE_ARG) $(STACK_ARGS)
 
 stack-down: $(BIN)/costline
-	@$(BIN)/costline stack down $(STACK_ARGS)
+	@$(BIN)/costline stack down $(STATE_ARG)
 
 lint: $(BIN)/pytest
 	$(BIN)/ruff check .

@@ -159,7 +159,11 @@ stop() {
 
 case "${1:-start}" in
     start)
-        if command -v sinfo >/dev/null && node_idle; then
+        # A cluster this script configured whose controller is down needs no probe (sinfo
+        # would wait for its message timeout); any other cluster is used if it answers.
+        if [ -f "$CONF" ] && grep -qF "$MARK" "$CONF" && ! running slurmctld; then
+            :
+        elif command -v sinfo >/dev/null && node_idle; then
             say "Slurm is up: $(sinfo -h -N -o '%N %t %c CPUs %m MB')"
             exit 0
         fi

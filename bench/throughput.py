@@ -411,6 +411,29 @@ def redis_info(redis_url: str) -> dict[str, Any]:
             "evalsha_calls": ev.get("calls", 0), "evalsha_usec": ev.get("usec", 0)}
 
 
+def scrape_metrics(port: int) -> dict[str, float]:
+    """The worker's own /metrics (counters and histogram sums), labels summed away."""
+    import urllib.request
+
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError as exc:
+        log(f"could not read the worker's /metrics: {exc}")
+        return out
+    for line in text.splitlines():
+        if not line or line.startswith("#") or "_bucket" in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
 def redis_total(redis_url: str, ns: str, ts_min: float, ts_max: float) -> int:
     from redis import Redis
 
@@ -605,6 +628,7 @@ class Child:
     proc: subprocess.Popen[bytes]
     out: str
     log_path: Path
+    port: int = 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -639,16 +663,17 @@ class Bench:
               profile: str | None = None) -> Child:
         out = str(self.dir / f"{tag}.json")
         log_path = self.dir / f"{tag}.log"
+        port = free_port()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--ns", ns,
                "--topic", topic, "--partitions", str(self.a.partitions),
-               "--ends", json.dumps(ends), "--out", out, "--port", str(free_port()),
+               "--ends", json.dumps(ends), "--out", out, "--port", str(port),
                "--bootstrap", self.a.bootstrap, "--redis-url", self.a.redis_url]
         if profile == "pyinstrument":
             cmd += ["--child-profile", "pyinstrument", "--profile-out", str(self.dir / tag)]
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        child = Child(proc, out, log_path)
+        child = Child(proc, out, log_path, port)
         self.children.append(child)
         return child
 
@@ -735,6 +760,7 @@ class Bench:
             result.update({f"parent_{k}": v for k, v in vm_status(child.proc.pid).items()})
             after = redis_info(self.a.redis_url)
             result["redis"] = {k: after[k] - before[k] for k in after}
+            result["metrics"] = scrape_metrics(child.port)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(60)
@@ -817,12 +843,21 @@ class Bench:
                 f"{entry['b']['events_per_s']:,.0f} ev/s, c {entry['c']['events_per_s']:,.0f} ev/s")
         if a.profile:
             ns, topic, ends = topics["batched"]
-            log(f"profiling the batched worker with {a.profile} (fresh Redis state, same topic)")
+            log(f"profiling the batched worker with {a.profile} (fresh Redis state and "
+                "consumer group, same topic)")
             delete_redis_only(a.redis_url, ns)
+            # A fresh group too: a worker whose Redis watermark is gone resumes at offset 0,
+            # and aiokafka's seek_to_committed() does not seek to a committed 0, so with the
+            # old group's offsets the partitions would never be re-read.
+            delete_groups(a.bootstrap, [f"{ns}-aggregator"])
             prof = self.run_worker(ns, topic, ends, "batched-profiled", a.profile)
             prof["events_per_s"] = a.events / prof["elapsed_s"]
             total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
             prof["total_ok"] = total == data.expected_cost_micro
+            prof["total"] = {"redis": total, "expected": data.expected_cost_micro}
+            if not prof["total_ok"]:
+                log(f"profiled pass: Redis total {total:,} != expected "
+                    f"{data.expected_cost_micro:,}")
             if a.profile == "py-spy" and prof.get("pyspy"):
                 prof["hotspots"] = summarize_collapsed(Path(prof["pyspy"]))
             else:
@@ -836,6 +871,16 @@ class Bench:
             child.stop()
         if self.namespaces and not self.a.keep:
             delete_namespace(self.a.bootstrap, self.a.redis_url, self.namespaces)
+
+
+def delete_groups(bootstrap: str, groups: list[str]) -> None:
+    from connectors.kafka import admin
+
+    client = admin(bootstrap)
+    try:
+        client.delete_groups(groups)
+    finally:
+        client.close()
 
 
 def delete_redis_only(redis_url: str, ns: str) -> None:
@@ -853,8 +898,10 @@ def delete_redis_only(redis_url: str, ns: str) -> None:
 # ======================================================================================
 
 
-IDLE_LEAVES = ("EpollSelector.select", "select (selectors.py", "_wait_for_tstate_lock",
-               "Condition.wait", "lock.acquire")
+# Leaf frames of a thread that is waiting, not working: the event loops in select(), the
+# to_thread pool's workers blocked on their queue, lock waits.
+IDLE_LEAVES = ("EpollSelector.select (selectors.py", "_wait_for_tstate_lock (threading.py",
+               "Condition.wait (threading.py", "_worker (concurrent/futures/thread.py")
 
 
 def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
@@ -877,10 +924,14 @@ def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
         if not frames:
             continue
         total += n
-        if frames[-1].startswith(IDLE_LEAVES):
+        leaf = _short(frames[-1])
+        if leaf.startswith(IDLE_LEAVES) or (
+                # a thread's blocking (sync) Redis read: waiting for the server
+                leaf.startswith("_HiredisParser.read_from_socket")
+                and "Thread._bootstrap" in stack):
             idle += n
             continue
-        by_thread["consumer thread" if "Thread._bootstrap" in stack else "main"] += n
+        by_thread["other threads" if "Thread._bootstrap" in stack else "main thread"] += n
         self_c[_short(frames[-1])] += n
         for name in {_short(f) for f in frames}:
             incl[name] += n
@@ -956,6 +1007,17 @@ def print_table(rep: dict[str, Any]) -> None:
          for n in names])
     row("worker time inside handle()",
         [f"{100 * cases[n]['c']['in_handle_s'] / cases[n]['c']['elapsed_s']:.0f}%"
+         for n in names])
+    def metric(n: str, name: str) -> float:
+        return float(cases[n]["c"].get("metrics", {}).get(f"costline_{name}", 0.0))
+
+    row("worker time in Redis apply (metric)",
+        [f"{100 * metric(n, 'redis_apply_seconds_sum') / cases[n]['c']['elapsed_s']:.0f}%"
+         for n in names])
+    row("Redis batch writes (batches_total)", [f"{metric(n, 'batches_total'):,.0f}"
+                                                for n in names])
+    row("rule evaluations / their seconds",
+        [f"{metric(n, 'evaluations_total'):.0f} / {metric(n, 'evaluation_seconds_sum'):.1f}"
          for n in names])
     row("Redis EVALSHA s (all clients!)",
         [f"{cases[n]['c']['redis']['evalsha_usec'] / 1e6:.1f}" for n in names])

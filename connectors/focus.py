@@ -40,6 +40,7 @@ from rules.prices import MICRO, Billing, Price, PriceBook, format_micro, to_micr
 
 MAX_TAG_VALUE = 256
 MAX_RESOURCE_ID = 256
+MAX_COST = Decimal(10**9)
 _NULLS = frozenset({"", "NULL", "null"})
 
 
@@ -99,7 +100,7 @@ IDENTITY_COLUMNS: tuple[str, ...] = (
     "SkuPriceId", "PricingCategory", "PricingUnit", "ConsumedUnit", "CommitmentDiscountId",
     "CommitmentDiscountStatus",
 )
-_TIME_COLUMNS = frozenset({"ChargePeriodStart", "ChargePeriodEnd"})
+_TIME_INDEXES = tuple(IDENTITY_COLUMNS.index(c) for c in ("ChargePeriodStart", "ChargePeriodEnd"))
 REQUIRED_COLUMNS = ("ChargePeriodStart", "ServiceCategory", "BillingCurrency")
 
 
@@ -218,12 +219,13 @@ def merge_tags(fixed: Mapping[str, str], foreign: Mapping[str, object]
 # -- one row ----------------------------------------------------------------------------------
 
 
-def cell(row: Mapping[str, str | None], column: str) -> str | None:
-    """A cell's text, or ``None`` for FOCUS's NULL (written ``NULL`` or left empty)."""
-    value = row.get(column)
-    if value is None or value.strip() in _NULLS:
-        return None
-    return value
+Row = Mapping[str, str | None]
+
+
+def without_nulls(row: Row) -> dict[str, str]:
+    """The row's cells that hold a value: FOCUS writes NULL as ``NULL`` or leaves it empty."""
+    return {column: value for column, value in row.items()
+            if value is not None and value.strip() not in _NULLS}
 
 
 def parse_time(text: str) -> datetime:
@@ -240,13 +242,17 @@ def rfc3339(moment: datetime) -> str:
 
 
 def parse_cost(text: str | None) -> Decimal | SkipReason:
+    """The amount; a billion or more is refused with the garbage, as no row is that large and
+    an event's float carries micro-units exactly only below it."""
     if text is None:
         return SkipReason.null_cost
     try:
         amount = Decimal(text.strip())
     except InvalidOperation:
         return SkipReason.bad_cost
-    return amount if amount.is_finite() else SkipReason.bad_cost
+    if not amount.is_finite() or abs(amount) >= MAX_COST:
+        return SkipReason.bad_cost
+    return amount
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,10 +267,10 @@ class Skipped:
     micro: int = 0  # the row's amount when it had one (a credit's is negative)
 
 
-def negative_reason(row: Mapping[str, str | None]) -> SkipReason:
-    if (cell(row, "ChargeCategory") or "").casefold() == "credit":
+def negative_reason(row: Mapping[str, str]) -> SkipReason:
+    if (row.get("ChargeCategory") or "").casefold() == "credit":
         return SkipReason.credit
-    if (cell(row, "ChargeClass") or "").casefold() == "correction":
+    if (row.get("ChargeClass") or "").casefold() == "correction":
         return SkipReason.correction
     return SkipReason.negative_cost
 
@@ -277,22 +283,20 @@ def canonical_time(text: str) -> str:
     return text
 
 
-def identity(row: Mapping[str, str | None]) -> str:
+def identity(row: Mapping[str, str]) -> str:
     """The row's identity columns as one string (timestamps in one canonical form)."""
-    parts = []
-    for column in IDENTITY_COLUMNS:
-        value = cell(row, column) or ""
-        if value and column in _TIME_COLUMNS:
-            value = canonical_time(value)
-        parts.append(f"{column}={value}")
-    return "\x1f".join(parts)
+    values = [row.get(column, "") for column in IDENTITY_COLUMNS]
+    for index in _TIME_INDEXES:
+        if values[index]:
+            values[index] = canonical_time(values[index])
+    return "\x1f".join(values)
 
 
-def resource_id_of(row: Mapping[str, str | None]) -> str:
+def resource_id_of(row: Mapping[str, str]) -> str:
     """ResourceId; rows without one (taxes, support, some data transfer) get a per-service id."""
-    found = cell(row, "ResourceId") or cell(row, "ResourceName")
+    found = row.get("ResourceId") or row.get("ResourceName")
     if found is None:
-        found = "/".join(cell(row, c) or "-" for c in ("ProviderName", "SubAccountId",
+        found = "/".join(row.get(c) or "-" for c in ("ProviderName", "SubAccountId",
                                                        "ServiceName"))
     return found[:MAX_RESOURCE_ID]
 
@@ -311,16 +315,17 @@ class FocusConverter:
     warnings: Counter[str] = field(default_factory=Counter)
     _seen: Counter[str] = field(default_factory=Counter)
 
-    def convert(self, row: Mapping[str, str | None]) -> Converted | Skipped:
-        amount = parse_cost(cell(row, self.basis.column))
+    def convert(self, raw: Row) -> Converted | Skipped:
+        row = without_nulls(raw)
+        amount = parse_cost(row.get(self.basis.column))
         if isinstance(amount, SkipReason):
             return Skipped(amount)
         micro = to_micro(amount)
-        if (cell(row, "BillingCurrency") or self.currency).upper() != self.currency:
+        if (row.get("BillingCurrency") or self.currency).upper() != self.currency:
             return Skipped(SkipReason.other_currency, micro)
         if amount < 0:
             return Skipped(negative_reason(row), micro)
-        start = cell(row, "ChargePeriodStart")
+        start = row.get("ChargePeriodStart")
         try:
             moment = parse_time(start or "")
         except ValueError:
@@ -329,7 +334,7 @@ class FocusConverter:
             return Skipped(SkipReason.future, micro)
         return Converted(self._event(row, moment, micro), micro)
 
-    def _event(self, row: Mapping[str, str | None], moment: datetime, micro: int) -> UsageEvent:
+    def _event(self, row: Mapping[str, str], moment: datetime, micro: int) -> UsageEvent:
         # Micro-units as a float with at most 15 significant digits: its JSON is the exact
         # decimal, so the worker's rounding finds the same micro-units.
         amount = micro / MICRO
@@ -341,32 +346,32 @@ class FocusConverter:
             tags=self._tags(row),
         )
 
-    def _event_id(self, row: Mapping[str, str | None]) -> str:
+    def _event_id(self, row: Mapping[str, str]) -> str:
         digest = hashlib.sha256(identity(row).encode()).hexdigest()[:32]
         self._seen[digest] += 1
         count = self._seen[digest]
         return f"focus:{digest}" + (f":{count}" if count > 1 else "")
 
-    def _category(self, row: Mapping[str, str | None]) -> Category:
-        name = (cell(row, "ServiceCategory") or "").strip().casefold()
+    def _category(self, row: Mapping[str, str]) -> Category:
+        name = (row.get("ServiceCategory") or "").strip().casefold()
         category = SERVICE_CATEGORIES.get(name)
         if category is None:
             self.warnings["unmapped_service_category"] += 1
             return Category.other
         return category
 
-    def _tags(self, row: Mapping[str, str | None]) -> dict[str, str]:
+    def _tags(self, row: Mapping[str, str]) -> dict[str, str]:
         fixed = {}
         for column, key in COLUMN_TAGS:
-            value = tag_value(cell(row, column))
+            value = tag_value(row.get(column))
             if value is not None:
                 fixed[key] = value
         tags, dropped = merge_tags(fixed, self._row_tags(row))
         self.warnings.update(dropped)
         return tags
 
-    def _row_tags(self, row: Mapping[str, str | None]) -> dict[str, object]:
-        text = cell(row, "Tags")
+    def _row_tags(self, row: Mapping[str, str]) -> dict[str, object]:
+        text = row.get("Tags")
         if text is None:
             return {}
         try:

@@ -17,6 +17,7 @@ from typing import Any
 
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError
 from kafka.protocol.broker_version_data import infer_broker_version_from_api_versions
 
 API_VERSIONS_KEY = 18
@@ -157,7 +158,7 @@ def _features_of(client: KafkaAdminClient) -> dict[str, Any]:
     """Feature flags, or none when the broker does not implement ApiVersions v3."""
     try:
         return dict(client.describe_features())
-    except Exception:  # noqa: BLE001 - a broker without feature flags is still a broker
+    except KafkaError:  # a broker without feature flags is still a broker
         return {}
 
 

@@ -298,6 +298,7 @@ class PrometheusScraper:
     def events(self, page: Page, now: float) -> list[UsageEvent | UtilizationEvent]:
         """The events of one page scraped at ``now``; skips are counted in ``skipped``."""
         found: list[UsageEvent | UtilizationEvent] = []
+        self._forget(now - 10 * self.interval_s)
         if page.errors:
             self.skipped["bad_line"] += len(page.errors)
         for sample in page.samples:
@@ -307,6 +308,11 @@ class PrometheusScraper:
                     if event is not None:
                         found.append(event)
         return found
+
+    def _forget(self, before: float) -> None:
+        """Drop series not seen for ten intervals, so label churn (pods, jobs) cannot grow
+        the memory without end; a series that comes back starts a new baseline."""
+        self._last = {key: seen for key, seen in self._last.items() if seen[0] >= before}
 
     def _event(self, page: Page, sample: Sample, index: int, rule: SeriesMapping, now: float
                ) -> UsageEvent | UtilizationEvent | None:

@@ -15,126 +15,139 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from redis.asyncio import Redis
 
 from connectors.redis_keys import (
-    HOUR_S,
     Calendar,
     Retention,
     bucket_key,
-    faults_key,
-    first_seen_key,
-    history_key,
-    seen_key,
     slots_key,
-    tagsets_key,
-    util_key,
     wm_key,
 )
 from rules.tally import Tally
 
 HISTORY_S = 86400
+KNOWN_TAGSETS_MAX = 500_000
 FAULTS_KEPT_S = 7 * 86400
-CHUNK = 2000
 
-# ARGV layout: expected, new_wm, seen_ttl,
-#   nseen, (key_index, count, digest*count)*,
-#   ntagsets, (id, json, first_slot)*,
-#   nbuckets, (key_index, ttl, nfields, (field, delta)*)*,
-#   nlatest, (field, ts, payload)*,
-#   nhistory, (key_index, ttl, trim_before, count, (score, member)*)*,
-#   nfaults, [trim_before, (score, member)*]
+# One argument, a msgpack array (decoded by Redis's own cmsgpack, so a batch of 50,000
+# events costs one string to send, not a million arguments to pack):
+#   1 expected watermark   2 new watermark   3 slot tag   4 dedup ttl
+#   5 ttl of 5-minute, 6 of hourly, 7 of daily buckets
+#   8 seen:    hour, {digest...}, hour, {...}, ...
+#   9 tagsets: id, canonical json, first slot, ...
+#  10 buckets: slot, its 5-minute, hourly and daily bucket keys, ...  (every slot in the cells)
+#  11 cells:   "<tagset id>:<measure>", slot, delta (a decimal string), ...
+#  12 latest:  resource\tmetric, ts, json, ...
+#  13 history: resource\tmetric, trim below, {score, member, ...}, ...
+#  14 faults:  trim below, {score, member, ...}   (or empty)
+# Keys are built here from the slot tag: they all share it, so they live in the slot of
+# KEYS[1] on a Redis Cluster.
 _SCRIPT = """
+local a = cmsgpack.unpack(ARGV[1])
+local S = a[3]
 local cur = redis.call('GET', KEYS[1])
 if not cur then cur = '-1' end
-if cur ~= ARGV[1] then return {0, cur} end
-local new_wm = ARGV[2]
-local seen_ttl = tonumber(ARGV[3])
-local i = 4
-local nseen = tonumber(ARGV[i]); i = i + 1
-local seen_start = i
-local dups = {}
-local pos = 0
-for _ = 1, nseen do
-  local key = KEYS[tonumber(ARGV[i])]
-  local count = tonumber(ARGV[i + 1])
-  i = i + 2
-  local first = i
-  while first < i + count do
-    local last = math.min(first + 1999, i + count - 1)
-    local found = redis.call('SMISMEMBER', key, unpack(ARGV, first, last))
-    for j = 1, #found do
-      if found[j] == 1 then dups[#dups + 1] = pos + (first - i) + j - 1 end
+if cur ~= tostring(a[1]) then return {0, cur} end
+local function chunked(cmd, key, list, from, to)
+  local out = {}
+  local first = from
+  while first <= to do
+    local last = math.min(first + 1999, to)
+    local r = redis.call(cmd, key, unpack(list, first, last))
+    if type(r) == 'table' then
+      for j = 1, #r do out[#out + 1] = r[j] end
     end
     first = last + 1
   end
-  pos = pos + count
-  i = i + count
+  return out
+end
+local seen = a[8]
+local dups = {}
+local pos = 0
+for i = 1, #seen, 2 do
+  local digests = seen[i + 1]
+  local found = chunked('SMISMEMBER', S .. ':seen:' .. seen[i], digests, 1, #digests)
+  for j = 1, #found do
+    if found[j] == 1 then dups[#dups + 1] = pos + j - 1 end
+  end
+  pos = pos + #digests
 end
 if #dups > 0 then return {1, dups} end
-i = seen_start
-for _ = 1, nseen do
-  local key = KEYS[tonumber(ARGV[i])]
-  local count = tonumber(ARGV[i + 1])
-  i = i + 2
-  local first = i
-  while first < i + count do
-    local last = math.min(first + 1999, i + count - 1)
-    redis.call('SADD', key, unpack(ARGV, first, last))
-    first = last + 1
+for i = 1, #seen, 2 do
+  local key = S .. ':seen:' .. seen[i]
+  chunked('SADD', key, seen[i + 1], 1, #seen[i + 1])
+  redis.call('EXPIRE', key, a[4])
+end
+local tagsets = a[9]
+local firsts = S .. ':first'
+for i = 1, #tagsets, 3 do
+  redis.call('HSETNX', S .. ':tagsets', tagsets[i], tagsets[i + 1])
+  local first = redis.call('HGET', firsts, tagsets[i])
+  if (not first) or tonumber(first) > tagsets[i + 2] then
+    redis.call('HSET', firsts, tagsets[i], string.format('%.0f', tagsets[i + 2]))
   end
-  if count > 0 then redis.call('EXPIRE', key, seen_ttl) end
-  i = i + count
 end
-local ntagsets = tonumber(ARGV[i]); i = i + 1
-for _ = 1, ntagsets do
-  redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
-  local first = redis.call('HGET', KEYS[5], ARGV[i])
-  if (not first) or tonumber(first) > tonumber(ARGV[i + 2]) then
-    redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 2])
+-- buckets: for each 5-minute slot in the batch, the sums of its three buckets
+local sums = {}
+local ttls = {}
+local tiers = {}
+local b = a[10]
+for i = 1, #b, 4 do
+  local keys = {}
+  for t = 1, 3 do
+    local key = b[i + t]
+    if not sums[key] then
+      sums[key] = {}
+      ttls[key] = a[4 + t]
+    end
+    keys[t] = sums[key]
   end
-  i = i + 3
+  tiers[b[i]] = keys
 end
-local nbuckets = tonumber(ARGV[i]); i = i + 1
-for _ = 1, nbuckets do
-  local key = KEYS[tonumber(ARGV[i])]
-  local ttl = tonumber(ARGV[i + 1])
-  local nfields = tonumber(ARGV[i + 2])
-  i = i + 3
-  for _ = 1, nfields do
-    redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
-    i = i + 2
+local cells = a[11]
+for i = 1, #cells, 3 do
+  local keys = tiers[cells[i + 1]]
+  local field = cells[i]
+  local delta = tonumber(cells[i + 2])
+  for t = 1, 3 do
+    local fields = keys[t]
+    fields[field] = (fields[field] or 0) + delta
   end
-  redis.call('EXPIRE', key, ttl)
 end
-local nlatest = tonumber(ARGV[i]); i = i + 1
-for _ = 1, nlatest do
-  local field = ARGV[i]
-  local ts = tonumber(ARGV[i + 1])
-  local old = redis.call('HGET', KEYS[3], field)
-  if (not old) or tonumber(string.match(old, '^[^|]+')) <= ts then
-    redis.call('HSET', KEYS[3], field, ARGV[i + 1] .. '|' .. ARGV[i + 2])
+for key, fields in pairs(sums) do
+  for field, delta in pairs(fields) do
+    if delta > -1e14 and delta < 1e14 then
+      redis.call('HINCRBY', key, field, delta)
+    else
+      redis.call('HINCRBY', key, field, string.format('%.0f', delta))
+    end
   end
-  i = i + 3
+  redis.call('EXPIRE', key, ttls[key])
 end
-local nhistory = tonumber(ARGV[i]); i = i + 1
-for _ = 1, nhistory do
-  local key = KEYS[tonumber(ARGV[i])]
-  local ttl = tonumber(ARGV[i + 1])
-  local trim = ARGV[i + 2]
-  local count = tonumber(ARGV[i + 3])
-  i = i + 4
-  redis.call('ZADD', key, unpack(ARGV, i, i + 2 * count - 1))
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. trim)
-  redis.call('EXPIRE', key, ttl)
-  i = i + 2 * count
+local latest = a[12]
+local util = S .. ':util'
+for i = 1, #latest, 3 do
+  local old = redis.call('HGET', util, latest[i])
+  if (not old) or tonumber(string.match(old, '^[^|]+')) <= tonumber(latest[i + 1]) then
+    redis.call('HSET', util, latest[i], latest[i + 1] .. '|' .. latest[i + 2])
+  end
 end
-local nfaults = tonumber(ARGV[i]); i = i + 1
-if nfaults > 0 then
-  redis.call('ZADD', KEYS[4], unpack(ARGV, i + 1, i + 2 * nfaults))
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[i])
+local history = a[13]
+for i = 1, #history, 3 do
+  local key = S .. ':uh:' .. history[i]
+  chunked('ZADD', key, history[i + 2], 1, #history[i + 2])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. history[i + 1])
+  redis.call('EXPIRE', key, 172800)
 end
-redis.call('SET', KEYS[1], new_wm)
+local faults = a[14]
+if #faults > 0 then
+  local key = S .. ':faults'
+  chunked('ZADD', key, faults[2], 1, #faults[2])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. faults[1])
+end
+redis.call('SET', KEYS[1], tostring(a[2]))
 return {2}
 """
 
@@ -161,23 +174,6 @@ class Duplicates:
 Outcome = Applied | Mismatch | Duplicates
 
 
-class _Script:
-    """KEYS and ARGV of one call, built side by side."""
-
-    def __init__(self, slot: str) -> None:
-        self.keys: list[str] = [wm_key(slot), tagsets_key(slot), util_key(slot),
-                                faults_key(slot), first_seen_key(slot)]
-        self.args: list[Any] = []
-        self._index: dict[str, int] = {}
-
-    def key(self, name: str) -> int:
-        index = self._index.get(name)
-        if index is None:
-            self.keys.append(name)
-            index = self._index[name] = len(self.keys)
-        return index
-
-
 class BatchWriter:
     """Turns a ``Tally`` into one script call for one partition slot."""
 
@@ -189,6 +185,9 @@ class BatchWriter:
         self.dedup_ttl = dedup_ttl
         self.retention = retention or Retention()
         self._script = redis.register_script(_SCRIPT)
+        # Per slot: tag set id → the oldest slot already recorded for it in Redis. A tag set
+        # Redis already has is not sent again (most events repeat a known tag set).
+        self._known: dict[str, dict[str, int]] = {}
 
     async def watermark(self, slot: str) -> int:
         raw = await self.redis.get(wm_key(slot))
@@ -200,96 +199,102 @@ class BatchWriter:
             await self.redis.sadd(slots_key(self.namespace), *slots)
 
     async def apply(self, slot: str, expected: int, new_wm: int, tally: Tally) -> Outcome:
-        call, order = self._build(slot, expected, new_wm, tally)
-        reply = await self._script(keys=call.keys, args=call.args)
+        known = self._known.setdefault(slot, {})
+        if len(known) > KNOWN_TAGSETS_MAX:
+            known.clear()
+        fresh = _new_tagsets(tally, known)
+        payload, order = self.payload(slot, expected, new_wm, tally, fresh)
+        reply = await self._script(keys=[wm_key(slot)], args=[payload])
         code = int(reply[0])
         if code == 2:
+            known.update({tsid: first for tsid, _, first in fresh})
             return Applied()
         if code == 0:
+            known.clear()  # Redis may have lost writes: assume it knows nothing
             return Mismatch(int(reply[1]))
         return Duplicates(frozenset(order[int(p)] for p in reply[1]))
 
-    def _build(self, slot: str, expected: int, new_wm: int, tally: Tally
-               ) -> tuple[_Script, list[bytes]]:
-        """The script call, and the digests in the order the script numbers them."""
-        call = _Script(slot)
-        args = call.args
-        args += [str(expected), str(new_wm), self.dedup_ttl]
-        order = self._seen(call, slot, tally)
-        self._tagsets(call, tally)
-        self._buckets(call, slot, tally)
-        self._utilization(call, slot, tally)
-        self._faults(call, tally)
-        return call, order
-
-    def _tagsets(self, call: _Script, tally: Tally) -> None:
-        first: dict[str, int] = {}
-        for tsid, slot5 in tally.sums:
-            if slot5 < first.get(tsid, slot5 + 1):
-                first[tsid] = slot5
-        call.args.append(len(tally.tagsets))
-        for tsid, canonical in tally.tagsets.items():
-            call.args += [tsid, canonical, first.get(tsid, 0)]
-
-    def _faults(self, call: _Script, tally: Tally) -> None:
-        call.args.append(len(tally.faults))
-        if tally.faults:
-            newest = max(ts for ts, _ in tally.faults)
-            call.args.append(repr(newest - FAULTS_KEPT_S))
-            for ts, record in tally.faults:
-                call.args += [repr(ts), record]
-
-    def _seen(self, call: _Script, slot: str, tally: Tally) -> list[bytes]:
-        by_hour: dict[int, list[bytes]] = defaultdict(list)
-        for digest, hour in tally.digests:
-            by_hour[hour].append(digest)
-        order: list[bytes] = []
-        call.args.append(len(by_hour))
-        for hour, digests in by_hour.items():
-            call.args += [call.key(seen_key(slot, hour)), len(digests), *digests]
-            order += digests
-        return order
-
-    def _buckets(self, call: _Script, slot: str, tally: Tally) -> None:
+    def payload(self, slot: str, expected: int, new_wm: int, tally: Tally,
+                tagsets: list[tuple[str, str, int]]) -> tuple[bytes, list[bytes]]:
+        """The script's argument, and the digests in the order the script numbers them."""
+        seen, order = _seen(tally)
         ret = self.retention
-        buckets: dict[str, tuple[int, dict[str, int]]] = {}
+        packed = msgpack.packb([
+            expected, new_wm, slot, self.dedup_ttl, ret.five_min, ret.hour, ret.day,
+            seen, [field for entry in tagsets for field in entry], self._buckets(slot, tally),
+            _cells(tally),
+            _latest(tally), _history(tally), _faults(tally),
+        ], use_bin_type=False)
+        return packed, order
 
-        def add(name: str, ttl: int, field: str, delta: int) -> None:
-            entry = buckets.get(name)
-            if entry is None:
-                entry = buckets[name] = (ttl, {})
-            fields = entry[1]
-            fields[field] = fields.get(field, 0) + delta
-
+    def _buckets(self, tag: str, tally: Tally) -> list[Any]:
         date_of = self.calendar.date_of
-        for (tsid, slot5), measures in tally.sums.items():
-            hour = slot5 // HOUR_S * HOUR_S
-            names = (
-                (bucket_key(slot, "5m", slot5), ret.five_min),
-                (bucket_key(slot, "1h", hour), ret.hour),
-                (bucket_key(slot, "1d", date_of(slot5)), ret.day),
-            )
-            for measure, delta in measures.items():
-                field = f"{tsid}:{measure}"
-                for name, ttl in names:
-                    add(name, ttl, field, delta)
-        call.args.append(len(buckets))
-        for name, (ttl, fields) in buckets.items():
-            call.args += [call.key(name), ttl, len(fields)]
-            for field, delta in fields.items():
-                call.args += [field, delta]
+        out: list[Any] = []
+        for slot in {slot for _, slot in tally.sums}:
+            out += [slot, bucket_key(tag, "5m", slot), bucket_key(tag, "1h", slot - slot % 3600),
+                    bucket_key(tag, "1d", date_of(slot))]
+        return out
 
-    def _utilization(self, call: _Script, slot: str, tally: Tally) -> None:
-        call.args.append(len(tally.latest))
-        for (resource_id, metric), sample in tally.latest.items():
-            payload = json.dumps(
-                {"value": sample.value, "resource_type": sample.resource_type,
-                 "tags": sample.tags}, separators=(",", ":"))
-            call.args += [f"{resource_id}\t{metric}", repr(sample.ts), payload]
-        call.args.append(len(tally.samples))
-        for (resource_id, metric), points in tally.samples.items():
-            newest = max(ts for ts, _ in points)
-            call.args += [call.key(history_key(slot, resource_id, metric)), 2 * HISTORY_S,
-                          repr(newest - HISTORY_S), len(points)]
-            for ts, value in points:
-                call.args += [repr(ts), f"{ts!r}:{value!r}"]
+
+def _seen(tally: Tally) -> tuple[list[Any], list[bytes]]:
+    by_hour: dict[int, list[bytes]] = defaultdict(list)
+    for digest, hour in tally.digests:
+        by_hour[hour].append(digest)
+    flat: list[Any] = []
+    order: list[bytes] = []
+    for hour, digests in by_hour.items():
+        flat += [hour, digests]
+        order += digests
+    return flat, order
+
+
+def _new_tagsets(tally: Tally, known: dict[str, int]) -> list[tuple[str, str, int]]:
+    """(id, canonical json, oldest slot) of the tag sets Redis does not have yet, or has only
+    with a newer oldest slot than this batch's."""
+    first: dict[str, int] = {}
+    for tsid, slot in tally.sums:
+        if slot < first.get(tsid, slot + 1):
+            first[tsid] = slot
+    return [
+        (tsid, canonical, first.get(tsid, 0))
+        for tsid, canonical in tally.tagsets.items()
+        if first.get(tsid, 0) < known.get(tsid, 1 << 62)
+    ]
+
+
+def _cells(tally: Tally) -> list[Any]:
+    flat: list[Any] = []
+    for (tsid, slot), measures in tally.sums.items():
+        for measure, delta in measures.items():
+            flat += [f"{tsid}:{measure}", slot, str(delta)]
+    return flat
+
+
+def _latest(tally: Tally) -> list[Any]:
+    flat: list[Any] = []
+    for (resource_id, metric), sample in tally.latest.items():
+        payload = json.dumps({"value": sample.value, "resource_type": sample.resource_type,
+                              "tags": sample.tags}, separators=(",", ":"))
+        flat += [f"{resource_id}\t{metric}", repr(sample.ts), payload]
+    return flat
+
+
+def _history(tally: Tally) -> list[Any]:
+    flat: list[Any] = []
+    for (resource_id, metric), points in tally.samples.items():
+        newest = max(ts for ts, _ in points)
+        pairs: list[str] = []
+        for ts, value in points:
+            pairs += [repr(ts), f"{ts!r}:{value!r}"]
+        flat += [f"{resource_id}\t{metric}", repr(newest - HISTORY_S), pairs]
+    return flat
+
+
+def _faults(tally: Tally) -> list[Any]:
+    if not tally.faults:
+        return []
+    newest = max(ts for ts, _ in tally.faults)
+    pairs: list[str] = []
+    for ts, record in tally.faults:
+        pairs += [repr(ts), record]
+    return [repr(newest - FAULTS_KEPT_S), pairs]

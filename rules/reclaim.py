@@ -36,7 +36,7 @@ Approval = Literal["auto", "manual"]
 Mode = Literal["live", "dry_run"]
 
 DEFAULT_MAX_PER_HOUR = 20
-DEFAULT_MAX_PERCENT = 50.0
+DEFAULT_MAX_PERCENT = 100.0
 BUSINESS_DAY_STARTS = time(9, 0)
 UNITS_TAG = "units"
 HOUR_S = 3600
@@ -187,8 +187,9 @@ class ActionRecord:
         return {
             "action_id": self.action_id, "plan_id": plan.plan_id, "step": self.step,
             "reason": self.reason, "rule": plan.rule, "resource_id": plan.resource_id,
-            "resource_type": plan.resource_type, "connector": plan.connector,
-            "mode": plan.mode, "at": rfc3339(self.at), "saved": format_micro(self.saved),
+            "resource_type": plan.resource_type, "tags": dict(plan.tags),
+            "connector": plan.connector, "mode": plan.mode, "at": rfc3339(self.at),
+            "saved": format_micro(self.saved),
             "currency": plan.currency, "execute_at": rfc3339(plan.execute_at),
             "target": dict(plan.target), **self.detail,
         }

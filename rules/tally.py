@@ -13,10 +13,11 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from rules.events import AnyEvent, FaultEvent, UsageEvent, UtilizationEvent
-from rules.prices import PriceBook, PricingError, exact, to_micro
+from rules.prices import Charge, PriceBook, PricingError, product_micro
 
 SLOT_S = 300
 PSEUDO_TAGS = ("category", "resource_type", "billing")
@@ -39,8 +40,11 @@ def event_digest(event_id: str) -> bytes:
     return hashlib.blake2b(event_id.encode(), digest_size=12).digest()
 
 
+_MICRO = Decimal(1_000_000)
+
+
 def quantity_micro(quantity: float) -> int:
-    return to_micro(exact(quantity))
+    return product_micro(quantity, _MICRO, 1e6)
 
 
 @dataclass(slots=True)
@@ -51,6 +55,15 @@ class Sample:
     value: float
     resource_type: str
     tags: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Priced:
+    """An event with what the book says it costs: a ``Charge`` for usage, the waste in
+    micro-units for a fault, nothing for a utilization sample."""
+
+    event: AnyEvent
+    amount: Charge | int | None
 
 
 @dataclass
@@ -87,7 +100,9 @@ class Folder:
 
     def _tagset(self, tags: Mapping[str, str], resource_type: str, category: str,
                 billing: str) -> tuple[str, str]:
-        key = (tuple(sorted(tags.items())), resource_type, category, billing)
+        # Keyed by the tags in the order they came: producers repeat their order, and the
+        # id itself is computed from the sorted, canonical form, so order never splits a set.
+        key = (*tags.items(), resource_type, category, billing)
         found = self._ids.get(key)
         if found is None:
             dims = dict(tags)
@@ -99,49 +114,54 @@ class Folder:
             self._ids[key] = found
         return found
 
-    def price(self, events: Iterable[AnyEvent]) -> None:
-        """Raise ``PricingError`` for the first event the book cannot price (no side effects)."""
+    def price(self, events: Iterable[AnyEvent]) -> list[Priced]:
+        """Price every event of a message, or raise ``PricingError`` naming the first one the
+        book cannot price (a message is counted whole or not at all)."""
+        priced = []
         for index, event in enumerate(events):
             try:
-                if isinstance(event, UsageEvent):
-                    self.prices.charge(event)
-                elif isinstance(event, FaultEvent):
-                    self.prices.waste(event)
+                priced.append(Priced(event, _PRICERS[type(event)](self.prices, event)))
             except PricingError as exc:
                 raise PricingError(exc.code, f"event {index}: {exc.reason}") from exc
+        return priced
 
-    def fold(self, tally: Tally, events: Iterable[AnyEvent], skip: frozenset[bytes] = frozenset()
-             ) -> None:
+    def fold(self, tally: Tally, events: Iterable[AnyEvent | Priced],
+             skip: frozenset[bytes] = frozenset()) -> None:
         """Add events to ``tally``; events whose digest is in ``skip`` or already folded are
         ignored (a resend inside the same batch counts once)."""
         seen = {d for d, _ in tally.digests}
-        for event in events:
+        for item in events:
+            priced = item if isinstance(item, Priced) else self.price([item])[0]
+            event = priced.event
             digest = event_digest(event.event_id)
             if digest in skip or digest in seen:
                 continue
             ts = event.unix_ts
-            _FOLDERS[type(event)](self, tally, event, ts)
+            _FOLDERS[type(event)](self, tally, priced, ts)
             seen.add(digest)
             tally.digests.append((digest, int(ts // 3600) * 3600))
             tally.events += 1
 
-    def _usage(self, tally: Tally, event: UsageEvent, ts: float) -> None:
-        charge = self.prices.charge(event)
+    def _usage(self, tally: Tally, priced: Priced, ts: float) -> None:
+        event: UsageEvent = priced.event  # type: ignore[assignment]
+        charge: Charge = priced.amount  # type: ignore[assignment]
         tsid, canonical = self._tagset(event.tags, event.resource_type, charge.category,
                                        charge.billing)
         tally.tagsets[tsid] = canonical
         tally.add(tsid, ts, COST, charge.cost_micro)
         tally.add(tsid, ts, QUANTITY, quantity_micro(event.quantity))
 
-    def _fault(self, tally: Tally, event: FaultEvent, ts: float) -> None:
+    def _fault(self, tally: Tally, priced: Priced, ts: float) -> None:
+        event: FaultEvent = priced.event  # type: ignore[assignment]
         price = self.prices.price_of(event.resource_type)
         tsid, canonical = self._tagset(event.tags, event.resource_type, price.category,
                                        price.billing)
         tally.tagsets[tsid] = canonical
-        tally.add(tsid, ts, WASTE_PREFIX + event.fault.value, self.prices.waste(event))
+        tally.add(tsid, ts, WASTE_PREFIX + event.fault.value, priced.amount)  # type: ignore[arg-type]
         tally.faults.append((ts, event.model_dump_json(exclude_none=True)))
 
-    def _utilization(self, tally: Tally, event: UtilizationEvent, ts: float) -> None:
+    def _utilization(self, tally: Tally, priced: Priced, ts: float) -> None:
+        event: UtilizationEvent = priced.event  # type: ignore[assignment]
         key = (event.resource_id, event.metric)
         tally.samples.setdefault(key, []).append((ts, event.value))
         latest = tally.latest.get(key)
@@ -149,7 +169,13 @@ class Folder:
             tally.latest[key] = Sample(ts, event.value, event.resource_type, dict(event.tags))
 
 
-_FOLDERS: dict[type, Callable[[Folder, Tally, Any, float], None]] = {
+_PRICERS: dict[type, Callable[[PriceBook, Any], Any]] = {
+    UsageEvent: PriceBook.charge,
+    FaultEvent: PriceBook.waste,
+    UtilizationEvent: lambda book, event: None,
+}
+
+_FOLDERS: dict[type, Callable[[Folder, Tally, Priced, float], None]] = {
     UsageEvent: Folder._usage,
     FaultEvent: Folder._fault,
     UtilizationEvent: Folder._utilization,

@@ -65,7 +65,8 @@ class Document:
                 break
         return line + 1, col + 1
 
-    def errors_from(self, exc: ValidationError, base: tuple[int | str, ...] = ()) -> list[SourceError]:
+    def errors_from(self, exc: ValidationError, base: tuple[int | str, ...] = ()
+                    ) -> list[SourceError]:
         """pydantic errors → positioned errors, each naming the field it is about."""
         found = []
         for error in exc.errors(include_url=False, include_context=False):

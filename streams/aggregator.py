@@ -28,9 +28,9 @@ from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
 from connectors.redis_apply import Applied, BatchWriter, Duplicates, Mismatch, Outcome
 from connectors.redis_keys import slot_tag
-from rules.events import AnyEvent, Rejection, parse_message
+from rules.events import Rejection, parse_message
 from rules.prices import PricingError
-from rules.tally import Folder, Tally
+from rules.tally import Folder, Priced, Tally
 from streams.dead_letters import dead_letter
 from streams.health import Health
 from streams.metrics import Metrics
@@ -150,21 +150,19 @@ class Aggregator:
             self.metrics.inc("messages_replayed_total", skipped)
         return fresh
 
-    async def _screen(self, messages: list[Message]) -> list[AnyEvent]:
+    async def _screen(self, messages: list[Message]) -> list[Priced]:
         """Parse and price; refused messages go to the dead-letter topic before anything
         of the batch is counted, so a crash can repeat a dead letter but never lose one."""
-        events: list[AnyEvent] = []
+        events: list[Priced] = []
         for message in messages:
             verdict = parse_message(message.value or b"")
             if isinstance(verdict, Rejection):
                 await self._refuse(message, verdict.code, verdict.reason)
                 continue
             try:
-                self.folder.price(verdict.events)
+                events.extend(self.folder.price(verdict.events))
             except PricingError as exc:
                 await self._refuse(message, exc.code, exc.reason)
-                continue
-            events.extend(verdict.events)
         self.metrics.inc("messages_total", len(messages))
         return events
 
@@ -184,7 +182,7 @@ class Aggregator:
         self.metrics.inc("rejected_total", reason=code)
 
     async def _write(self, tp: TP, state: PartitionState, last_offset: int,
-                     events: list[AnyEvent]) -> Outcome:
+                     events: list[Priced]) -> Outcome:
         skip: frozenset[bytes] = frozenset()
         while True:
             tally = Tally()

@@ -174,7 +174,7 @@ class Reclaimer:
         """Advance every open plan: warn, re-verify, cap, release. Returns the records
         handed to the sink."""
         at = self._clock() if now is None else now
-        await self.flush()
+        handed = await self.flush()
         paused = await self._ledger.paused() is not None
         plans = await self._ledger.plans()
         for tracked in plans:
@@ -183,7 +183,7 @@ class Reclaimer:
                      key=lambda t: (t.plan.rule, t.plan.execute_at, t.plan.plan_id))
         for rule_name, group in groupby(due, key=lambda t: t.plan.rule):
             await self._settle(rule_name, list(group), at, paused)
-        return await self.flush()
+        return handed + await self.flush()
 
     async def _follow_up(self, tracked: Tracked, now: float) -> None:
         """Warnings that could not be sent, and releases whose worker never reported back."""

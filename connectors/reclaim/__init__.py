@@ -22,14 +22,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, ClassVar, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, PlainSerializer
 
+from rules.durations import PositiveDuration, format_duration
 from rules.findings import ReclaimRequest
 from rules.kinds.idle import connector
 from rules.reclaim import Outcome, Plan, ReclaimParams
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 """The name of an environment variable that holds a secret (never the secret itself)."""
+
+Seconds = Annotated[PositiveDuration, PlainSerializer(format_duration, return_type=str)]
+"""A duration parameter: written ``10s``, held as seconds, and passed on as ``10s`` again so
+the parameters of a reclaim request validate a second time where they are used."""
 
 Sleep = Callable[[float], Awaitable[None]]
 

@@ -33,13 +33,13 @@ from connectors.reclaim import (
     EnvName,
     NotReclaimable,
     ReclaimConnector,
+    Seconds,
     Sleep,
     backoff_delays,
     real_sleep,
     reclaimer,
     secret_from_env,
 )
-from rules.durations import PositiveDuration
 from rules.findings import ReclaimRequest
 from rules.reclaim import Outcome, Plan, ReclaimParams
 
@@ -62,7 +62,7 @@ class KubernetesParams(ReclaimParams):
     )
     ca_file: str | None = Field(None, description="CA bundle of the API server")
     namespace: K8sName | None = Field(None, description="namespace when the resource names none")
-    timeout: PositiveDuration = Field(10, json_schema_extra={"default": "10s"})
+    timeout: Seconds = Field(10, json_schema_extra={"default": "10s"})
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,14 @@ from connectors.reclaim import (
     EnvName,
     NotReclaimable,
     ReclaimConnector,
+    Seconds,
     Sleep,
     backoff_delays,
     real_sleep,
     reclaimer,
     secret_from_env,
 )
-from rules.durations import PositiveDuration, rfc3339
+from rules.durations import rfc3339
 from rules.findings import ReclaimRequest
 from rules.reclaim import Outcome, Plan, ReclaimParams
 
@@ -51,9 +52,9 @@ class WebhookParams(ReclaimParams):
     secret_env: EnvName = Field(
         DEFAULT_SECRET_ENV, description="environment variable holding the signing secret"
     )
-    timeout: PositiveDuration = Field(10, json_schema_extra={"default": "10s"})
+    timeout: Seconds = Field(10, json_schema_extra={"default": "10s"})
     retries: int = Field(3, ge=0, le=10, description="tries after the first on 5xx or no answer")
-    backoff: PositiveDuration = Field(
+    backoff: Seconds = Field(
         1, json_schema_extra={"default": "1s"}, description="first wait before a retry; doubles"
     )
 

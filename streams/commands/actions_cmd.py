@@ -20,7 +20,6 @@ import connectors.reclaim  # noqa: F401 - registers the connectors' parameter mo
 from streams.commands import command_group
 
 T = TypeVar("T")
-COLUMNS = ("at", "step", "rule", "resource_id", "connector", "mode", "saved", "reason")
 
 
 def _with_ledger(ctx: typer.Context, use: Callable[[Any], Awaitable[T]]) -> T:
@@ -42,16 +41,13 @@ def _with_ledger(ctx: typer.Context, use: Callable[[Any], Awaitable[T]]) -> T:
     return asyncio.run(run())
 
 
-def _print_actions(records: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{len(records)} latest reclamation step(s), newest first")
-    for column in COLUMNS:
-        table.add_column(column, overflow="fold")
-    for record in records:
-        table.add_row(*(str(record.get(column, "")) for column in COLUMNS))
-    Console().print(table)
+def action_line(record: dict[str, Any]) -> str:
+    """One step for people: when, what, which resource, how, and why."""
+    saved = record.get("saved", "0.000000")
+    money = f" saved {saved} {record.get('currency', '')}" if saved != "0.000000" else ""
+    return (f"{record.get('at', '?')} {record.get('step', '?'):<8} {record.get('rule', '?')} "
+            f"{record.get('resource_id', '?')} via {record.get('connector', '?')} "
+            f"({record.get('mode', '?')}){money}: {record.get('reason', '')}")
 
 
 def status_report(pause: Any, plans: list[Any], now: float) -> dict[str, Any]:
@@ -99,8 +95,10 @@ def register(app: typer.Typer) -> None:
         records = _with_ledger(ctx, latest)
         if as_json:
             typer.echo(json.dumps(records, indent=2))
-        else:
-            _print_actions(records)
+            return
+        for record in records:
+            typer.echo(action_line(record))
+        typer.echo(f"{len(records)} step(s), newest first")
 
     reclaim = typer.Typer(help="Automatic reclamation: pause, resume, status.",
                           no_args_is_help=True)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import typer
-from kafka.partitioner.default import murmur2
 from rich.console import Console
 
 from connectors.focus import (
@@ -33,7 +32,7 @@ from connectors.focus import (
     price_book_lines,
     read_rows,
 )
-from rules.events import MAX_BATCH, AnyEvent, dump_event
+from rules.events import MAX_BATCH, UsageEvent, UtilizationEvent, dump_event
 from rules.prices import PriceBook, format_micro
 from rules.yaml_source import SourceInvalid
 from streams.cli import settings_of
@@ -54,6 +53,8 @@ _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def partition_of(event_id: str, partitions: int) -> int:
     """The partition Kafka's default partitioner gives a message keyed by ``event_id``."""
+    from kafka.partitioner.default import murmur2  # kafka-python loads slowly: not for --help
+
     return int(murmur2(event_id.encode()) & 0x7FFFFFFF) % partitions
 
 
@@ -87,7 +88,8 @@ class PartitionBatcher:
         return Message("usage", events[0][0].encode(), value, len(events))
 
 
-Emit = Callable[[AnyEvent], None]
+UsageTopicEvent = UsageEvent | UtilizationEvent
+Emit = Callable[[UsageTopicEvent], None]
 
 
 @dataclass
@@ -98,7 +100,7 @@ class UsageStream:
     send: Callable[[Message], None]
     batcher: PartitionBatcher
 
-    def emit(self, event: AnyEvent) -> None:
+    def emit(self, event: UsageTopicEvent) -> None:
         for message in self.batcher.add(event.event_id, dump_event(event)):
             self.send(message)
 

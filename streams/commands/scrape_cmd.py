@@ -24,17 +24,16 @@ from rich.console import Console
 
 from connectors.slurm_scrape import SQUEUE
 from rules.durations import rfc3339
-from rules.events import AnyEvent
 from rules.prices import PriceBook
 from rules.yaml_source import SourceInvalid
 from streams.cli import settings_of
 from streams.commands import command_group
-from streams.commands.import_cmd import UsageStream, usage_stream
+from streams.commands.import_cmd import UsageStream, UsageTopicEvent, usage_stream
 from streams.commands.produce_cmd import Summary
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-Collect = Callable[[float], Iterable[AnyEvent]]
+Collect = Callable[[float], Iterable[UsageTopicEvent]]
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Detached service processes, the pid files that remember them, and loopback port checks.
 
 A service must outlive the ``costline stack up`` that started it, so it is spawned by a
-throw-away launcher in a new session: it is never our child (no zombie, no ResourceWarning)
-and a terminal's Ctrl-C does not reach it. A pid file records the pid, the exact command line
+throw-away launcher in a new session: it is never our child, so nothing of ours has to reap
+it, and a terminal's Ctrl-C does not reach it. A pid file records the pid, the exact command line
 and the kernel's start time of the process; a process is only ever signalled when all three
 still match, so a recycled pid that now belongs to something else is never hit.
 """

@@ -97,6 +97,7 @@ def test_billed_basis_takes_billed_cost() -> None:
     ({"EffectiveCost": ""}, SkipReason.null_cost, 0),
     ({"EffectiveCost": "twelve"}, SkipReason.bad_cost, 0),
     ({"EffectiveCost": "NaN"}, SkipReason.bad_cost, 0),
+    ({"EffectiveCost": "1e400"}, SkipReason.bad_cost, 0),
     ({"ChargePeriodStart": "NULL"}, SkipReason.bad_timestamp, 10_250_000),
     ({"ChargePeriodStart": "18/09/2024"}, SkipReason.bad_timestamp, 10_250_000),
     ({"ChargePeriodStart": "2027-01-01 00:00:00"}, SkipReason.future, 10_250_000),
@@ -121,7 +122,8 @@ def test_costs_reach_the_worker_rounded_once_half_to_even() -> None:
     """The float on the wire is the micro-unit amount exactly, whatever digits the row had."""
     book = PriceBook(PriceBookModel(currency="USD", prices=focus_prices("USD")))
     for text, micro in [("0.0000005", 0), ("0.0000015", 2), ("0.00001605990", 16),
-                        ("123456789.1234565", 123456789123456), ("7", 7_000_000)]:
+                        ("123456789.1234565", 123456789123456), ("7", 7_000_000),
+                        ("999999999.9999995", 1_000_000_000_000_000)]:
         outcome = converted(EffectiveCost=text)
         assert outcome.micro == micro
         parsed = parse_message(outcome.event.model_dump_json(exclude_none=True).encode(),

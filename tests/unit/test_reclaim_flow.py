@@ -200,7 +200,7 @@ def test_caps_per_hour_and_per_share() -> None:
 
 
 def test_safety_defaults_and_the_written_parameters() -> None:
-    assert Safety.of({"action": "cancel"}) == Safety("auto", 20, 50.0, None)
+    assert Safety.of({"action": "cancel"}) == Safety("auto", 20, 100.0, None)
     rule = idle_rule(", approval: manual, max_per_hour: 3, max_percent: 12.5, "
                      "timezone: Europe/Berlin")
     assert rule.reclaim is not None

@@ -202,3 +202,12 @@ def test_samples_without_the_labels_a_template_needs_or_without_a_value_are_skip
 
 def test_an_empty_page_is_no_events() -> None:
     assert node_scraper().events(Page(), NOW) == []
+
+
+def test_a_series_gone_for_ten_intervals_is_forgotten_and_starts_a_new_baseline() -> None:
+    scraper = node_scraper()
+    scraper.events(parse_page(NODE_PAGE.format(user=100)), NOW)
+    scraper.events(Page(), NOW + 11 * 60)  # the exporter listed nothing for a while
+    back = scraper.events(parse_page(NODE_PAGE.format(user=200)), NOW + 12 * 60)
+    assert usage(back, "cpu.general") == []
+    assert scraper.skipped["counter_baseline"] == 2

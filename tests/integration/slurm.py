@@ -1,0 +1,144 @@
+"""Fixtures of the reclamation integration tests: a real single-node Slurm, and a Redis.
+
+``slurm`` uses the cluster when ``sinfo`` shows a node that takes jobs; otherwise it runs
+``.ci/slurm.sh`` (install, configure, start) and stops at the end what it started. Either
+service missing skips the test with the reason, or fails it when ``REQUIRE_SERVICES=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import unavailable
+
+REPO = Path(__file__).parents[2]
+SCRIPT = REPO / ".ci" / "slurm.sh"
+READY_STATES = ("idle", "mix", "alloc")
+
+
+def _node_state() -> str:
+    if shutil.which("sinfo") is None:
+        return "sinfo not installed"
+    done = subprocess.run(["sinfo", "--noheader", "--Node", "--format", "%t"],
+                          capture_output=True, text=True, timeout=15, check=False)
+    return done.stdout.split()[0] if done.returncode == 0 and done.stdout.split() else (
+        done.stderr.strip() or "no node")
+
+
+def _squeue(job_id: str) -> str:
+    done = subprocess.run(["squeue", "--noheader", "--states=all", "--jobs", job_id,
+                           "--format", "%T"], capture_output=True, text=True, timeout=15,
+                          check=False)
+    return done.stdout.strip() or "gone"
+
+
+@dataclass
+class SlurmCluster:
+    """Submits ``sleep`` jobs and cancels whatever a test left running."""
+
+    submitted: list[str] = field(default_factory=list)
+
+    def submit(self, name: str, seconds: int = 600) -> str:
+        done = subprocess.run(
+            ["sbatch", "--parsable", f"--job-name={name}", "--output=/dev/null",
+             "--chdir=/tmp", "--wrap", f"sleep {seconds}"],
+            capture_output=True, text=True, timeout=30, check=True)
+        job_id = done.stdout.strip().split(";")[0]
+        self.submitted.append(job_id)
+        return job_id
+
+    def state(self, job_id: str) -> str:
+        return _squeue(job_id)
+
+    def wait_running(self, *job_ids: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = {job_id: self.state(job_id) for job_id in job_ids}
+            if all(state == "RUNNING" for state in states.values()):
+                return
+            time.sleep(0.25)
+        raise AssertionError(f"jobs did not start within {timeout_s}s: {states}")
+
+    def cancel_all(self) -> None:
+        if self.submitted:
+            subprocess.run(["scancel", *self.submitted], capture_output=True, timeout=30,
+                           check=False)
+            self.submitted.clear()
+
+
+@pytest.fixture(scope="session")
+def slurm_up() -> Iterator[None]:
+    """A Slurm cluster that takes jobs, started by ``.ci/slurm.sh`` if need be."""
+    started = False
+    if _node_state() not in READY_STATES:
+        if os.geteuid() != 0 and shutil.which("sudo") is None:
+            unavailable("Slurm", f"not running ({_node_state()}) and cannot start it as "
+                        "non-root")
+        done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True,
+                              timeout=600, check=False)
+        if done.returncode != 0 or _node_state() not in READY_STATES:
+            unavailable("Slurm", f".ci/slurm.sh failed: {(done.stdout + done.stderr)[-800:]}")
+        started = True
+    yield
+    if started:
+        subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, timeout=120,
+                       check=False)
+
+
+@pytest.fixture
+def slurm(slurm_up: None) -> Iterator[SlurmCluster]:
+    cluster = SlurmCluster()
+    yield cluster
+    cluster.cancel_all()
+
+
+def _answers(url: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if redis.Redis.from_url(url, socket_timeout=1).ping():
+                return True
+        except redis.RedisError:
+            time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="session")
+def reclaim_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``COSTLINE_REDIS_URL`` when set, else a private redis-server on a spare port."""
+    configured = os.environ.get("COSTLINE_REDIS_URL")
+    if configured:
+        if not _answers(configured, 3):
+            unavailable("Redis", f"COSTLINE_REDIS_URL={configured} does not answer")
+        yield configured
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        unavailable("Redis", "COSTLINE_REDIS_URL unset and redis-server not installed")
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    workdir = tmp_path_factory.mktemp("reclaim-redis")
+    process = subprocess.Popen(
+        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        if not _answers(url, 10):
+            unavailable("Redis", "a private redis-server did not start")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -1,0 +1,75 @@
+"""``costline actions`` and ``costline reclaim pause | resume | status`` against Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from redis.asyncio import Redis
+from typer.testing import CliRunner
+
+from connectors.reclaim_ledger import RedisReclaimLedger
+from rules.findings import ReclaimRequest
+from rules.reclaim import make_plan, planned
+from streams.cli import _register, app
+from tests.integration.slurm import reclaim_redis_url
+
+__all__ = ["reclaim_redis_url"]
+
+
+@pytest.fixture(scope="module")
+def runner() -> CliRunner:
+    _register()
+    return CliRunner()
+
+
+def costline(runner: CliRunner, url: str, namespace: str, *args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["--redis-url", url, "--namespace", namespace, *args])
+    return result.exit_code, result.stdout
+
+
+async def _one_plan(url: str, namespace: str) -> str:
+    request = ReclaimRequest(resource_id="slurm/4211", resource_type="gpu.h100", tags={},
+                             connector="slurm", params={"action": "cancel"}, grace=900,
+                             mode="dry_run", idle_since=1_796_025_600.0,
+                             requested_at=1_796_027_400.0)
+    plan = make_plan(request, "gpu-idle", {"job_id": "4211"}, 2_490_000, "USD",
+                     1_796_027_400.0)
+    client = Redis.from_url(url)
+    await RedisReclaimLedger(client, namespace).open(plan, planned(plan, 0).to_dict())
+    await client.aclose()
+    return plan.plan_id
+
+
+def test_actions_lists_the_latest_steps(runner: CliRunner, reclaim_redis_url: str,
+                                        namespace: str) -> None:
+    plan_id = asyncio.run(_one_plan(reclaim_redis_url, namespace))
+    code, out = costline(runner, reclaim_redis_url, namespace, "actions", "--json")
+    assert code == 0
+    [record] = json.loads(out)
+    assert (record["action_id"], record["step"], record["mode"]) == (
+        f"{plan_id}:planned", "planned", "dry_run")
+    code, out = costline(runner, reclaim_redis_url, namespace, "actions")
+    assert code == 0 and "planned" in out and "gpu-idle" in out
+
+
+def test_pause_status_resume(runner: CliRunner, reclaim_redis_url: str,
+                             namespace: str) -> None:
+    asyncio.run(_one_plan(reclaim_redis_url, namespace))
+    assert costline(runner, reclaim_redis_url, namespace, "reclaim", "pause", "--by", "ada",
+                    "--reason", "maintenance") == (0, "reclamation paused by ada\n")
+    code, out = costline(runner, reclaim_redis_url, namespace, "reclaim", "status", "--json")
+    report = json.loads(out)
+    assert (code, report["paused"], report["paused_by"], report["reason"]) == (
+        0, True, "ada", "maintenance")
+    assert [(p["resource_id"], p["state"]) for p in report["plans"]] == [
+        ("slurm/4211", "planned")]
+    code, out = costline(runner, reclaim_redis_url, namespace, "reclaim", "status")
+    assert code == 0 and out.startswith("paused by ada") and "1 open plan(s)" in out
+    assert costline(runner, reclaim_redis_url, namespace, "reclaim", "resume") == (
+        0, "reclamation resumed\n")
+    assert costline(runner, reclaim_redis_url, namespace, "reclaim", "resume") == (
+        0, "reclamation was not paused\n")
+    assert costline(runner, reclaim_redis_url, namespace, "reclaim", "status")[1].startswith(
+        "running")
