@@ -1081,6 +1081,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of tag set popularity")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--save", metavar="PATH", help="also write the JSON figures to PATH")
     p.add_argument("--profile", choices=("py-spy", "pyinstrument"),
                    help="add a profiled pass of the batched worker (not in the table)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per consumer")
@@ -1111,6 +1112,8 @@ def main() -> None:
         report["profile_tool"] = a.profile
     finally:
         bench.cleanup()
+    if a.save:
+        Path(a.save).write_text(json.dumps(report, indent=2, default=str))
     if a.json:
         print(json.dumps(report, indent=2, default=str))
     else:

@@ -74,8 +74,9 @@ class ReclaimLedger(Protocol):
     async def get(self, plan_id: str) -> Tracked | None: ...
 
     async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
-                      record: dict[str, Any]) -> bool:
-        """Move a plan from ``seen`` to ``to`` and log the record; ``False`` if it moved."""
+                      record: dict[str, Any], at: float) -> bool:
+        """Move a plan from ``seen`` to ``to`` at ``at`` and log the record; ``False`` if it
+        had moved already."""
         ...
 
     async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
@@ -134,11 +135,12 @@ def _tracked(fields: Mapping[Any, Any]) -> Tracked | None:
     data = {(_text(k) or ""): _text(v) for k, v in fields.items()}
     if not data.get("data"):
         return None
-    claimed = data.get("claimed_at")
+    claimed, warned = data.get("claimed_at"), data.get("warned_at")
     return Tracked(Plan.from_dict(json.loads(data["data"] or "{}")),
                    state=data.get("state") or "planned",  # type: ignore[arg-type]
                    approved_by=data.get("approved_by") or None,
-                   claimed_at=float(claimed) if claimed else None)
+                   claimed_at=float(claimed) if claimed else None,
+                   warned_at=float(warned) if warned else None)
 
 
 _PUSH = """
@@ -158,10 +160,10 @@ push(KEYS[4], KEYS[5], ARGV[3], ARGV[4])
 return 1
 """
 
-# KEYS: plan, outbox, log  ARGV: seen, to, record, log_max
+# KEYS: plan, outbox, log  ARGV: seen, to, record, log_max, at
 _ADVANCE = _PUSH + """
 if redis.call('HGET', KEYS[1], 'state') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[2])
+redis.call('HSET', KEYS[1], 'state', ARGV[2], ARGV[2] .. '_at', ARGV[5])
 push(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
 return 1
 """
@@ -280,9 +282,10 @@ class RedisReclaimLedger:
         return _tracked(await self._redis.hgetall(self._plan(plan_id)))
 
     async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
-                      record: dict[str, Any]) -> bool:
+                      record: dict[str, Any], at: float) -> bool:
         keys = [self._plan(plan_id), *self._lists]
-        return bool(await self._advance(keys=keys, args=[seen, to, _json(record), LOG_MAX]))
+        args: list[str | int] = [seen, to, _json(record), LOG_MAX, repr(at)]
+        return bool(await self._advance(keys=keys, args=args))
 
     async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
         keys = [self._plan(plan_id), self._claim_key(plan_id), f"{self._p}:paused"]
@@ -389,7 +392,7 @@ class MemoryReclaimLedger:
             return False
         self._slots[(plan.rule, plan.resource_id)] = (plan.plan_id, None)
         self._plans[plan.plan_id] = {"plan": plan, "state": "planned", "approved_by": None,
-                                     "claimed_at": None}
+                                     "claimed_at": None, "warned_at": None}
         self._open.add(plan.plan_id)
         self._push(record)
         return True
@@ -402,13 +405,14 @@ class MemoryReclaimLedger:
         entry = self._plans.get(plan_id)
         if entry is None:
             return None
-        return Tracked(entry["plan"], entry["state"], entry["approved_by"], entry["claimed_at"])
+        return Tracked(entry["plan"], entry["state"], entry["approved_by"], entry["claimed_at"],
+                       entry["warned_at"])
 
     async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
-                      record: dict[str, Any]) -> bool:
+                      record: dict[str, Any], at: float) -> bool:
         if self._state(plan_id) != seen:
             return False
-        self._plans[plan_id]["state"] = to
+        self._plans[plan_id].update({"state": to, f"{to}_at": at})
         self._push(record)
         return True
 

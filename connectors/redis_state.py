@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from redis import Redis
 

@@ -140,12 +140,19 @@ class Plan:
 
 @dataclass(frozen=True)
 class Tracked:
-    """A plan as the ledger holds it: its state and who approved it."""
+    """A plan as the ledger holds it: its state, when the owners were warned, who approved."""
 
     plan: Plan
     state: PlanState
     approved_by: str | None = None
     claimed_at: float | None = None
+    warned_at: float | None = None
+
+    @property
+    def due_at(self) -> float:
+        """The plan's release time, or a full grace after a warning that went out late."""
+        plan = self.plan
+        return max(plan.execute_at, (self.warned_at or plan.planned_at) + plan.grace)
 
 
 @dataclass(frozen=True)
@@ -247,18 +254,20 @@ def make_plan(request: ReclaimRequest, rule: str, target: Mapping[str, str], hou
     )
 
 
-def planned(plan: Plan, saving: int) -> ActionRecord:
+def planned(plan: Plan, estimate: int) -> ActionRecord:
+    """The first record of a plan; ``estimate`` is the saving if it is released on time."""
     how = "planned only (dry run)" if plan.mode == "dry_run" else "live"
     reason = (f"idle since {rfc3339(plan.idle_since)}; release via {plan.connector} at "
               f"{rfc3339(plan.execute_at)} unless it is busy again, exempt or kept ({how})")
     return ActionRecord(plan, "planned", reason, plan.planned_at,
-                        detail={"estimated_saving": format_micro(saving)})
+                        detail={"estimated_saving": format_micro(estimate)})
 
 
 def warned(plan: Plan, now: float) -> ActionRecord:
-    reason = (f"owners warned: release after {format_duration(plan.grace)} grace, at "
-              f"{rfc3339(plan.execute_at)}")
-    return ActionRecord(plan, "warned", reason, now)
+    """The warning; sent late (the notifier was down), it still gives a full grace."""
+    due = Tracked(plan, "warned", warned_at=now).due_at
+    reason = f"owners warned: release after {format_duration(plan.grace)} grace, at {rfc3339(due)}"
+    return ActionRecord(plan, "warned", reason, now, detail={"execute_at": rfc3339(due)})
 
 
 # ── re-verification ───────────────────────────────────────────────────────────────────────
@@ -297,8 +306,8 @@ def verdict(tracked: Tracked, rule: IdleRule | None, samples: ResourceSamples | 
             now: float, *, paused: bool, keep: Keep | None) -> Verdict:
     """Whether a plan whose grace may have ended is released now, later, or never."""
     plan = tracked.plan
-    if now < plan.execute_at:
-        return Hold(f"grace runs until {rfc3339(plan.execute_at)}")
+    if now < tracked.due_at:
+        return Hold(f"grace runs until {rfc3339(tracked.due_at)}")
     if rule is None or rule.reclaim is None:
         return Skip(f"rule {plan.rule} no longer reclaims")
     if paused:

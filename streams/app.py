@@ -46,10 +46,13 @@ def faust_broker(bootstrap: str) -> list[str]:
 
 
 def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
+    datadir = settings.state_dir / "faust" / settings.namespace
+    datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     app = faust.App(
         f"{settings.namespace}-aggregator",
         broker=faust_broker(settings.kafka_bootstrap),
         store="memory://",
+        datadir=str(datadir),
         web_port=settings.web_port,
         web_host="0.0.0.0",
         autodiscover=False,
@@ -147,6 +150,16 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
         except Exception:  # noqa: BLE001 - one bad evaluation must not stop the worker
             metrics.inc("evaluation_errors_total")
             log.exception("rule evaluation failed")
+
+    @app.timer(interval=2.0)
+    async def probe_redis() -> None:
+        """An idle worker makes no Redis calls; this makes a Redis outage visible anyway."""
+        try:
+            await asyncio.wait_for(redis.ping(), timeout=2.0)
+        except (*REDIS_DOWN, asyncio.TimeoutError) as exc:
+            health.failing("redis", exc)
+        else:
+            health.recovered("redis")
 
     @app.timer(interval=5.0)
     async def probe_kafka() -> None:

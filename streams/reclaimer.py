@@ -27,6 +27,7 @@ from typing import Any
 from connectors.reclaim import NotReclaimable, ReclaimConnector, build_connectors
 from connectors.reclaim_ledger import Pause, ReclaimLedger, RedisReclaimLedger
 from connectors.slack_actions import ActionRequest, AlertActions
+from rules.durations import rfc3339
 from rules.findings import Finding, ReclaimRequest
 from rules.kinds.idle import IdleRule
 from rules.loader import RuleSet
@@ -67,6 +68,8 @@ RuleSource = RuleSet | Callable[[], RuleSet]
 
 DEFAULT_COOLDOWN_S = 3600
 DEFAULT_CLAIM_TIMEOUT_S = 900
+WARN_RETRY_S = 30
+"""A plan still ``planned`` this long after it was made lost its warning: send it again."""
 
 
 class Reclaimer:
@@ -166,7 +169,7 @@ class Reclaimer:
             except Exception as exc:  # noqa: BLE001 - retried on the next tick
                 log.warning("could not warn about %s: %s", tracked.plan.resource_id, _error(exc))
                 return
-        await self._ledger.advance(tracked.plan.plan_id, "planned", "warned", record)
+        await self._ledger.advance(tracked.plan.plan_id, "planned", "warned", record, now)
 
     # ── the tick ──────────────────────────────────────────────────────────────────────────
 
@@ -179,15 +182,15 @@ class Reclaimer:
         plans = await self._ledger.plans()
         for tracked in plans:
             await self._follow_up(tracked, at)
-        due = sorted((t for t in plans if t.state == "warned" and at >= t.plan.execute_at),
-                     key=lambda t: (t.plan.rule, t.plan.execute_at, t.plan.plan_id))
+        due = sorted((t for t in plans if t.state == "warned" and at >= t.due_at),
+                     key=lambda t: (t.plan.rule, t.due_at, t.plan.plan_id))
         for rule_name, group in groupby(due, key=lambda t: t.plan.rule):
             await self._settle(rule_name, list(group), at, paused)
         return handed + await self.flush()
 
     async def _follow_up(self, tracked: Tracked, now: float) -> None:
         """Warnings that could not be sent, and releases whose worker never reported back."""
-        if tracked.state == "planned":
+        if tracked.state == "planned" and now - tracked.plan.planned_at >= WARN_RETRY_S:
             await self._warn(tracked, now)
         elif tracked.state == "executing" and (
                 tracked.claimed_at or now) + self._claim_timeout_s <= now:
@@ -302,7 +305,7 @@ class Reclaimer:
         at = self._clock() if now is None else now
         until = at + seconds
         await self._ledger.keep(resource_id, Keep(by, until))
-        reason = f"kept by {by} until {_when(until)}"
+        reason = f"kept by {by} until {rfc3339(until)}"
         late = False
         for tracked in await self._ledger.plans():
             if tracked.plan.resource_id != resource_id:
@@ -325,8 +328,8 @@ class Reclaimer:
         tracked = await self._ledger.get(holder) if holder else None
         if tracked is None or not await self._ledger.approve(tracked.plan.plan_id, by):
             raise LookupError(f"no planned release of {resource_id} for rule {rule}")
-        execute_at = tracked.plan.execute_at
-        return f"released at {_when(execute_at)}" if execute_at > at else "released shortly"
+        due = tracked.due_at
+        return f"released at {_when(due)}" if due > at else "released shortly"
 
     async def pause(self, by: str, reason: str = "") -> None:
         await self._ledger.pause(Pause(by, self._clock(), reason))

@@ -289,7 +289,8 @@ def test_totals_are_exact_after_redis_restarts_mid_stream(services, namespace, t
         messages, ledger, _ = _stream(seed=5, n=60_000)
         topic = f"{namespace}.usage.v1"
         produce(services.bootstrap, topic, messages)
-        time.sleep(6)
+        ends = end_offsets(services.bootstrap, topic)
+        _wait_progress(Redis.from_url(url), namespace, ends, 0.3 * sum(ends.values()), proc)
         restart(kill, check_down=lambda: _health(env)["status"] == "degraded")
         _wait_ping(url)
         wait_caught_up(Redis.from_url(url), namespace, "usage",

@@ -62,9 +62,11 @@ async def test_each_step_is_taken_once_and_logged_once(
     found = plan()
     await a.open(found, record(found, "planned"))
     moved = await asyncio.gather(*(ledger.advance(found.plan_id, "planned", "warned",
-                                                  record(found, "warned"))
+                                                  record(found, "warned"), T0)
                                    for ledger in (a, b, a, b)))
     assert moved.count(True) == 1
+    tracked = await b.get(found.plan_id)
+    assert tracked is not None and (tracked.state, tracked.warned_at) == ("warned", T0)
     assert [r["step"] for r in await b.history()] == ["warned", "planned"]
     assert len(await a.outbox()) == 2
 
@@ -74,7 +76,7 @@ async def test_the_execution_claim_is_taken_once(ledgers: tuple[RedisReclaimLedg
     a, b = ledgers
     found = plan()
     await a.open(found, record(found, "planned"))
-    await a.advance(found.plan_id, "planned", "warned", record(found, "warned"))
+    await a.advance(found.plan_id, "planned", "warned", record(found, "warned"), T0 + 5)
     claims = await asyncio.gather(*(ledger.claim(found.plan_id, f"w{i}", T0)
                                     for i, ledger in enumerate((a, b, a, b, a, b))))
     assert sorted(claims) == ["claimed"] + ["taken"] * 5
@@ -87,10 +89,10 @@ async def test_a_claim_left_by_a_dead_worker_is_never_taken_again(
     a, b = ledgers
     found = plan()
     await a.open(found, record(found, "planned"))
-    await a.advance(found.plan_id, "planned", "warned", record(found, "warned"))
+    await a.advance(found.plan_id, "planned", "warned", record(found, "warned"), T0 + 5)
     assert await a.claim(found.plan_id, "dead", T0) == "claimed"
     # Even if someone put the plan back to warned, the claim key still refuses it.
-    await b.advance(found.plan_id, "executing", "warned", record(found, "warned"))
+    await b.advance(found.plan_id, "executing", "warned", record(found, "warned"), T0 + 5)
     assert await b.claim(found.plan_id, "alive", T0 + 60) == "taken"
 
 
@@ -99,7 +101,7 @@ async def test_pause_refuses_the_claim_until_resumed(ledgers: tuple[RedisReclaim
     a, b = ledgers
     found = plan()
     await a.open(found, record(found, "planned"))
-    await a.advance(found.plan_id, "planned", "warned", record(found, "warned"))
+    await a.advance(found.plan_id, "planned", "warned", record(found, "warned"), T0 + 5)
     await a.pause(Pause("ada", T0, "maintenance"))
     assert await b.paused() == Pause("ada", T0, "maintenance")
     assert await b.claim(found.plan_id, "w", T0) == "paused"
@@ -150,7 +152,7 @@ async def test_the_outbox_hands_each_record_over_until_sent(
     a, b = ledgers
     found = plan()
     await a.open(found, record(found, "planned"))
-    await a.advance(found.plan_id, "planned", "warned", record(found, "warned"))
+    await a.advance(found.plan_id, "planned", "warned", record(found, "warned"), T0 + 5)
     first, second = await b.outbox()
     await a.sent(second)
     assert await b.outbox() == [first]

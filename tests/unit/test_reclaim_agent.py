@@ -227,7 +227,7 @@ async def test_keep_stops_a_planned_release_and_later_plans() -> None:
                           "C1", "1.0")
     world.now = PLAN_AT + MIN
     assert await actions.keep(press, timedelta(hours=1)) == "until 2026-11-30 09:31 UTC"
-    assert world.last("slurm/4211")["reason"] == "kept by ada until 2026-11-30 09:31 UTC"
+    assert world.last("slurm/4211")["reason"] == "kept by ada until 2026-11-30T09:31:00Z"
     await world.tick(DUE)
     assert await world.plan(DUE + MIN) == []
     assert world.slurm.released == []
@@ -419,3 +419,23 @@ async def test_a_warning_hook_that_fails_is_retried_on_the_next_tick() -> None:
     assert [r["step"] for r in await world.plan()] == ["planned"]
     assert [r["step"] for r in await world.tick(PLAN_AT + MIN)] == ["warned"]
     assert calls == ["slurm/4211", "slurm/4211"]
+
+
+async def test_a_warning_sent_late_still_gives_the_full_grace() -> None:
+    world = World()
+    world.idle("4211", until=DUE + 60 * MIN)
+    failures = [ConnectionError("slack unavailable")] * 2
+
+    async def warn(plan: Plan, record: dict[str, Any]) -> None:
+        if failures:
+            raise failures.pop()
+
+    world.reclaimer = world.new_reclaimer(warn=warn)
+    await world.plan()
+    assert await world.tick(PLAN_AT + 10 * MIN) == []
+    [record] = await world.tick(PLAN_AT + 20 * MIN)
+    assert record["step"] == "warned" and record["execute_at"] == "2026-11-30T09:05:00Z"
+    assert await world.tick(DUE + 5 * MIN) == []
+    assert world.slurm.released == []
+    [executed] = await world.tick(PLAN_AT + 35 * MIN)
+    assert executed["step"] == "executed"
