@@ -15,7 +15,7 @@ Keys (``P`` = ``{NS:reclaim}``, one hash slot so every script works on Redis Clu
 
 | key | type | holds |
 |---|---|---|
-| ``P:plan:<id>`` | hash | the plan as JSON, its state, approver and claim time |
+| ``P:plan:<id>`` | hash | the plan as JSON; its state, when warned, approver, claim |
 | ``P:open`` | set | ids of plans not yet closed |
 | ``P:slot:<rule>\\t<resource>`` | string | the plan holding the resource: while open, then |
 | | | ``cooldown`` seconds more |

@@ -113,6 +113,7 @@ class AlertChange:
     reclaim: Reclaim | None
     notify_slack: str | None
     route_by_tag: str | None
+    notify_channel: str | None
     mode: str
     summary: str
     unit: str | None
@@ -179,6 +180,7 @@ def _parse(record: Mapping[str, Any]) -> AlertChange:
         reclaim=_reclaim(record.get("reclaim")),
         notify_slack=notify.get("slack"),
         route_by_tag=notify.get("route_by_tag"),
+        notify_channel=notify.get("channel"),
         mode=str(record.get("mode") or "live"),
         summary=str(record.get("summary") or ""),
         unit=record.get("unit"),

@@ -13,9 +13,11 @@ updates that root (``chat.update``) and replies in its thread. When several new 
 channel arrive in one batch (``digest_min`` or more), they share one digest root instead of
 flooding the channel; each alert's later changes still update the digest and reply under it.
 
-Routing: ``notify.route_by_tag`` looks the group's tag value up in ``channel_by_tag_value``;
-without a match the record's ``notify.slack``; without that the fallback channel. A channel
-Slack does not know (or an archived one) is logged and the fallback is used instead.
+Routing: the channel the rule engine resolved from the rule's own ``channels`` map (the
+record's ``notify.channel``); else ``notify.route_by_tag`` looks the group's tag value up in
+``channel_by_tag_value``; without a match the record's ``notify.slack``; without that the
+fallback channel. A channel Slack does not know (or an archived one) is logged and the
+fallback is used instead.
 """
 
 from __future__ import annotations
@@ -225,7 +227,12 @@ class SlackNotifier:
     # ── routing ───────────────────────────────────────────────────────────────────────────
 
     def route(self, change: AlertChange) -> str:
-        """The owner's channel when ``route_by_tag`` finds one, else the rule's, else ours."""
+        """The channel the rule itself routed the alert to (its ``channels`` map, or a tag
+        value naming a channel: ``notify.channel``); else the owner's channel from our map
+        when ``route_by_tag`` finds one; else the rule's ``slack``; else ours."""
+        routed = change.notify_channel
+        if routed and routed != change.notify_slack:
+            return routed
         if change.route_by_tag:
             value = change.group.get(change.route_by_tag)
             if value is not None and value in self._by_tag:

@@ -64,6 +64,7 @@ class ReclaimRequest:
             "tags": dict(self.tags),
             "connector": self.connector,
             "params": dict(self.params),
+            "approval": self.params.get("approval", "auto"),
             "grace": self.grace,
             "mode": self.mode,
             "idle_since": rfc3339(self.idle_since),

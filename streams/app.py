@@ -13,10 +13,13 @@ offset after each partition's Redis watermark, so Faust's own seek lands exactly
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
 import faust
+
+import connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
 from faust.types import TP
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
@@ -34,6 +37,7 @@ from streams.evaluator import Evaluator, RuleSource
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
+from streams.reclaimer import ReclaimActions, build_reclaimer
 from streams.settings import Settings
 
 log = logging.getLogger("costline.worker")
@@ -128,6 +132,15 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
             await app.consumer._commit({TP(t, p): o for (t, p), o in resume.items()})
             log.info("resuming %d partitions from Redis watermarks", len(resume))
 
+    actions = app.topic(settings.topic("actions"), value_serializer="raw", key_serializer="raw")
+
+    async def publish_action(record: dict[str, Any]) -> None:
+        await app.producer.send_and_wait(actions.get_topic_name(),
+                                         str(record.get("action_id", "")).encode(),
+                                         json.dumps(record, separators=(",", ":")).encode(),
+                                         partition=None, timestamp=None, headers=None)
+
+    reclaimer = build_reclaimer(settings, rules=evaluator.source.rules, sink=publish_action)
     notifier = build_notifier(settings, redis)
 
     @app.agent(alerts, concurrency=1)
@@ -136,7 +149,8 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
             await deliver_until_done(notifier, [e.message.value for e in events], metrics,
                                      health)
 
-    buttons = build_actions_handler(settings, redis, evaluator.store, notifier)
+    buttons = build_actions_handler(settings, redis, evaluator.store, notifier,
+                                    reclaim=ReclaimActions(reclaimer))
     if buttons is not None:
         add_actions_route(app.web.web_app, buttons)
 
@@ -144,12 +158,25 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
     async def evaluate_rules() -> None:
         """Only the leader evaluates; a failure is reported and retried on the next tick."""
         try:
-            await evaluator.step()
+            evaluation = await evaluator.step()
+            if evaluation is not None:
+                await reclaimer.submit(evaluation.findings, evaluation.at)
         except REDIS_DOWN as exc:
             health.failing("redis", exc)
         except Exception:  # noqa: BLE001 - one bad evaluation must not stop the worker
             metrics.inc("evaluation_errors_total")
             log.exception("rule evaluation failed")
+
+    @app.timer(interval=15.0, on_leader=True)
+    async def follow_reclaim_plans() -> None:
+        """Grace periods end, plans are re-verified and released with time alone."""
+        try:
+            await reclaimer.tick()
+        except REDIS_DOWN as exc:
+            health.failing("redis", exc)
+        except Exception:  # noqa: BLE001 - a failed round is retried on the next tick
+            metrics.inc("reclaim_errors_total")
+            log.exception("reclamation round failed")
 
     @app.timer(interval=2.0)
     async def probe_redis() -> None:

@@ -23,7 +23,7 @@ from connectors.alert_store import AlertStore
 from connectors.redis_keys import wm_key
 from connectors.redis_state import RedisState
 from rules.engine import Engine, Evaluation
-from rules.loader import RulesInvalid, load_rules, rule_files
+from rules.loader import RuleSet, RulesInvalid, load_rules, rule_files
 from rules.prices import PriceBook
 from streams.health import Health
 from streams.metrics import Metrics
@@ -51,6 +51,11 @@ class RuleSource:
                 continue
             files.append((str(file), stat.st_mtime_ns, stat.st_size))
         return tuple(files)
+
+    def rules(self) -> RuleSet:
+        """The rule set in force (empty until the first good load)."""
+        engine = self.current()
+        return engine.rules if engine is not None else RuleSet((), ())
 
     def current(self) -> Engine | None:
         signature = self._fingerprint()

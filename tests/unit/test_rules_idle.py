@@ -52,6 +52,7 @@ def test_the_finding_carries_a_reclaim_request() -> None:
         "tags": TAGS,
         "connector": "slurm",
         "params": {"action": "cancel"},
+        "approval": "auto",
         "grace": 900,
         "mode": "dry_run",
         "idle_since": "2026-11-30T08:00:00Z",

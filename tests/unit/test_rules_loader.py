@@ -12,15 +12,22 @@ from rules.loader import RulesInvalid, load_rule_text, load_rules, rule_files, r
 
 HERE = Path(__file__).parent / "rulefiles"
 GOOD = sorted(rule_files([HERE / "good"]))
-BAD = sorted(rule_files([HERE / "bad"]))
+BAD = sorted([*rule_files([HERE / "bad"]), *(p for p in (HERE / "bad").iterdir() if p.is_dir())])
 DEFINITIONS = Path(__file__).parents[2] / "rules" / "definitions"
 
 
 def expected_errors(path: Path) -> list[str]:
-    """The ``# expect: LINE:COL: message`` lines at the end of a golden bad file."""
-    lines = path.read_text().splitlines()
+    """The ``# expect: LINE:COL: message`` lines at the end of a golden bad file; a folder is
+    one rule set, expecting what its files expect, in order. ``{file}`` and ``{dir}`` stand
+    for the file and its folder."""
+    if path.is_dir():
+        return [error for file in rule_files([path]) for error in expected_errors(file)]
+    lines = path.read_bytes().decode("utf-8", "replace").splitlines()
     marks = [line.removeprefix("# expect: ") for line in lines if line.startswith("# expect: ")]
-    return [f"{path}:{mark.replace('{file}', str(path))}" for mark in marks]
+    return [
+        f"{path}:{mark.replace('{file}', str(path)).replace('{dir}', str(path.parent))}"
+        for mark in marks
+    ]
 
 
 def problems(*paths: Path) -> list[str]:
