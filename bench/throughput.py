@@ -91,6 +91,19 @@ def vm_status(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
+def git_state() -> dict[str, Any]:
+    """The commit and the files that differ from it (read-only git commands)."""
+    def run(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    dirty = [line[3:] for line in run("status", "--porcelain", "--untracked-files=no")
+             .splitlines() if line]
+    return {"commit": run("rev-parse", "--short", "HEAD"), "dirty": dirty}
+
+
 def cpu_jiffies() -> list[int]:
     """The machine's aggregate CPU counters (``cpu`` line of /proc/stat)."""
     with open("/proc/stat") as fh:
@@ -386,7 +399,8 @@ def namespace_memory(redis_url: str, ns: str) -> dict[str, Any]:
             pipe.memory_usage(key, samples=0)
         for key, used in zip(chunk, pipe.execute(), strict=True):
             text = key.decode()
-            kind = ("dedup" if ":seen:" in text else "buckets" if ":b:" in text
+            kind = ("dedup" if ":seen:" in text
+                    else "buckets " + text.split(":b:", 1)[1].split(":", 1)[0] if ":b:" in text
                     else "tagsets" if text.endswith((":tagsets", ":first")) else "other")
             by_kind[kind] += used or 0
             count[kind] += 1
@@ -577,8 +591,9 @@ def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
 
     from streams.app import build_app
 
+    extra: dict[str, Any] = {"rules": Path(a.rules)} if a.rules else {}
     settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=a.ns,
-                        web_port=a.port, partitions=a.partitions)
+                        web_port=a.port, partitions=a.partitions, **extra)
     app, aggregator = build_app(settings)
     real_handle = aggregator.handle
     usage = settings.topic("usage")
@@ -660,7 +675,7 @@ class Bench:
         self.namespaces: list[str] = []
 
     def spawn(self, role: str, ns: str, topic: str, ends: dict[int, int], tag: str,
-              profile: str | None = None) -> Child:
+              profile: str | None = None, rules: Path | None = None) -> Child:
         out = str(self.dir / f"{tag}.json")
         log_path = self.dir / f"{tag}.log"
         port = free_port()
@@ -670,6 +685,8 @@ class Bench:
                "--bootstrap", self.a.bootstrap, "--redis-url", self.a.redis_url]
         if profile == "pyinstrument":
             cmd += ["--child-profile", "pyinstrument", "--profile-out", str(self.dir / tag)]
+        if rules is not None:
+            cmd += ["--rules", str(rules)]
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -727,7 +744,7 @@ class Bench:
             child.stop()
 
     def run_worker(self, ns: str, topic: str, ends: dict[int, int], tag: str,
-                   profile: str | None = None) -> dict[str, Any]:
+                   profile: str | None = None, rules: Path | None = None) -> dict[str, Any]:
         from redis import Redis
 
         label = f"(c) costline worker [{tag}]" + (f" under {profile}" if profile else "")
@@ -736,7 +753,7 @@ class Bench:
         before = redis_info(self.a.redis_url)
         total = sum(ends.values())
         child = self.spawn("worker", ns, topic, ends, f"worker-{tag}",
-                           profile if profile == "pyinstrument" else None)
+                           profile if profile == "pyinstrument" else None, rules)
         spy: subprocess.Popen[bytes] | None = None
         spy_out = self.dir / f"pyspy-{tag}.txt"
 
@@ -796,7 +813,7 @@ class Bench:
             "seed": a.seed, "loadavg_start": load_start, "cpus": os.cpu_count(),
             "events_by_resource": dict(data.by_resource), "top1pct_share": data.top_share,
             "expected_cost_micro": data.expected_cost_micro, "generate_s": data.generate_s,
-            "single_events": data.single_events, "cases": {},
+            "single_events": data.single_events, "git": git_state(), "cases": {},
         }
         topics: dict[str, tuple[str, str, dict[int, int]]] = {}
         for case, (parts, n_events, expected) in cases.items():
@@ -841,15 +858,27 @@ class Bench:
             entry["c_over_b"] = entry["c"]["events_per_s"] / entry["b"]["events_per_s"]
             log(f"[{case}] a {entry['a']['events_per_s']:,.0f} ev/s, b "
                 f"{entry['b']['events_per_s']:,.0f} ev/s, c {entry['c']['events_per_s']:,.0f} ev/s")
+        if a.without_rules:
+            ns, topic, ends = topics["batched"]
+            log("the batched worker again with an empty rule directory (fresh Redis state and "
+                "consumer group, same topic)")
+            self.fresh_worker_state(ns)
+            empty = self.dir / "no-rules"
+            empty.mkdir(exist_ok=True)
+            var = self.run_worker(ns, topic, ends, "batched-no-rules", rules=empty)
+            var["events_per_s"] = a.events / var["elapsed_s"]
+            var["cpu_us_per_event"] = 1e6 * var["cpu_s"] / a.events
+            total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
+            var["total"] = {"redis": total, "expected": data.expected_cost_micro,
+                            "ok": total == data.expected_cost_micro}
+            report["without_rules"] = var
+            log(f"[batched, no rules] {var['events_per_s']:,.0f} ev/s, total "
+                f"{'OK' if var['total']['ok'] else 'MISMATCH'}")
         if a.profile:
             ns, topic, ends = topics["batched"]
             log(f"profiling the batched worker with {a.profile} (fresh Redis state and "
                 "consumer group, same topic)")
-            delete_redis_only(a.redis_url, ns)
-            # A fresh group too: a worker whose Redis watermark is gone resumes at offset 0,
-            # and aiokafka's seek_to_committed() does not seek to a committed 0, so with the
-            # old group's offsets the partitions would never be re-read.
-            delete_groups(a.bootstrap, [f"{ns}-aggregator"])
+            self.fresh_worker_state(ns)
             prof = self.run_worker(ns, topic, ends, "batched-profiled", a.profile)
             prof["events_per_s"] = a.events / prof["elapsed_s"]
             total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
@@ -865,6 +894,16 @@ class Bench:
             report["profile"] = prof
         report["files"] = str(self.dir)
         return report
+
+    def fresh_worker_state(self, ns: str) -> None:
+        """Forget what the worker of ``ns`` did: its Redis keys and its consumer group.
+
+        The group goes too: a worker whose Redis watermark is gone resumes at offset 0, and
+        aiokafka's seek_to_committed() does not seek to a committed 0, so with the old
+        group's offsets (at the end) the partitions would never be read again.
+        """
+        delete_redis_only(self.a.redis_url, ns)
+        delete_groups(self.a.bootstrap, [f"{ns}-aggregator"])
 
     def cleanup(self) -> None:
         for child in self.children:
@@ -904,6 +943,20 @@ IDLE_LEAVES = ("EpollSelector.select (selectors.py", "_wait_for_tstate_lock (thr
                "Condition.wait (threading.py", "_worker (concurrent/futures/thread.py")
 
 
+# Where a busy sample belongs: the first marker found in its stack names its phase.
+PHASES = (
+    ("Evaluator.", "rule evaluation (to_thread, leader)"),
+    ("parse_message (", "parse: rules.events.parse_message (pydantic)"),
+    ("Folder.price (", "price: Folder.price / PriceBook.charge"),
+    ("Folder.fold (", "fold: Folder.fold (tag sets, sums, digests)"),
+    ("BatchWriter.", "Redis write: BatchWriter (build, msgpack, client)"),
+    ("Aggregator.", "aggregator, other"),
+    ("aiokafka/", "Kafka client (aiokafka, its thread)"),
+    ("faust/", "Faust machinery"),
+    ("mode/", "Faust machinery"),
+)
+
+
 def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
     """Self and inclusive share of busy samples per function from py-spy's ``--format raw``.
 
@@ -913,6 +966,7 @@ def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
     self_c: Counter = Counter()
     incl: Counter = Counter()
     by_thread: Counter = Counter()
+    phases: Counter = Counter()
     total = idle = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -932,6 +986,7 @@ def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
             idle += n
             continue
         by_thread["other threads" if "Thread._bootstrap" in stack else "main thread"] += n
+        phases[next((label for marker, label in PHASES if marker in stack), "other")] += n
         self_c[_short(frames[-1])] += n
         for name in {_short(f) for f in frames}:
             incl[name] += n
@@ -941,6 +996,7 @@ def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
     return {
         "samples": total, "busy": busy, "idle_pct": round(100 * idle / total, 1),
         "threads": {k: round(100 * v / busy, 1) for k, v in by_thread.items()},
+        "phases": [(k, round(100 * v / busy, 1)) for k, v in phases.most_common()],
         "self": [(name, round(100 * c / busy, 1)) for name, c in self_c.most_common(top)],
         "inclusive": [(name, round(100 * c / busy, 1)) for name, c in incl.most_common(top * 3)],
     }
@@ -979,6 +1035,10 @@ def print_table(rep: dict[str, Any]) -> None:
               "data set (a prefix of every partition); --single-events 0 takes all")
     print("each consumer runs alone in a fresh process, timed from its first fetched message "
           "to its last handled one")
+    git = rep.get("git", {})
+    if git:
+        print(f"code: commit {git.get('commit')}"
+              + (f", modified: {', '.join(git['dirty'])}" if git.get("dirty") else ", clean"))
     print()
     row("", [head[n] for n in names])
     row("events", [f"{cases[n]['events']:,}" for n in names])
@@ -1047,6 +1107,14 @@ def print_table(rep: dict[str, Any]) -> None:
     print(f"Redis by key kind ({names[-1]}): "
           + ", ".join(f"{k} {v / 2**20:.1f} MiB in {mem['keys_by_kind'][k]} keys"
                       for k, v in sorted(mem["by_kind"].items())))
+    var = rep.get("without_rules")
+    if var:
+        m = var.get("metrics", {})
+        print(f"batched worker with no rule files: {var['events_per_s']:,.0f} ev/s "
+              f"({var['elapsed_s']:.1f}s, {var['cpu_us_per_event']:.1f} CPU us/event, peak RSS "
+              f"{var.get('parent_VmHWM', var.get('VmHWM', 0)) / 1024:.0f} MiB, Redis apply "
+              f"{100 * m.get('costline_redis_apply_seconds_sum', 0) / var['elapsed_s']:.0f}% "
+              f"of the time), total {'OK' if var['total']['ok'] else 'MISMATCH'}")
     prof = rep.get("profile")
     if prof:
         print()
@@ -1057,6 +1125,9 @@ def print_table(rep: dict[str, Any]) -> None:
         if spots and spots.get("busy"):
             print(f"{spots['samples']:,} samples, {spots['idle_pct']}% idle (event loop in "
                   f"select); busy samples by thread: {spots['threads']}")
+            print("busy samples by phase:")
+            for name, pct in spots.get("phases", []):
+                print(f"  {pct:5.1f}%  {name}")
             print("self time (% of busy samples):")
             for name, pct in spots["self"][:20]:
                 print(f"  {pct:5.1f}%  {name}")
@@ -1084,6 +1155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save", metavar="PATH", help="also write the JSON figures to PATH")
     p.add_argument("--profile", choices=("py-spy", "pyinstrument"),
                    help="add a profiled pass of the batched worker (not in the table)")
+    p.add_argument("--without-rules", action="store_true",
+                   help="also run the batched worker with no rule files (how much of (c) the "
+                        "leader's rule evaluation costs); adds about 2 minutes")
     p.add_argument("--timeout", type=float, default=900, help="seconds per consumer")
     p.add_argument("--keep", action="store_true", help="keep topics and Redis keys")
     p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)
@@ -1097,6 +1171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--child-profile", help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
+    p.add_argument("--rules", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 

@@ -43,6 +43,8 @@ from connectors.slack_render import (
 log = logging.getLogger(__name__)
 
 MAX_AGE_S = 300
+MAX_TIMESTAMP_DIGITS = 12
+"""Unix seconds have 10 digits until the year 2286; anything far longer is not a time."""
 MAX_BODY = 64 * 1024
 
 
@@ -187,11 +189,11 @@ class SlackActionsHandler:
         signature = headers.get("X-Slack-Signature", "")
         if not timestamp or not signature:
             return "missing signature headers"
-        if not timestamp.isdigit():
+        if not (timestamp.isascii() and timestamp.isdigit()):
             return "bad timestamp"
-        if abs(self._clock() - int(timestamp)) > MAX_AGE_S:
+        if len(timestamp) > MAX_TIMESTAMP_DIGITS or abs(self._clock() - int(timestamp)) > MAX_AGE_S:
             return "stale request"
-        if not self._verifier.is_valid(body, timestamp, signature):
+        if not signature.isascii() or not self._verifier.is_valid(body, timestamp, signature):
             return "bad signature"
         return None
 
@@ -280,9 +282,10 @@ def parse_action(body: bytes, keep_for: timedelta) -> ActionRequest:
         pressed = payload["actions"][0]
         action_id, value = _action_and_value(pressed)
         user = payload["user"]
-        channel = (payload.get("channel") or {}).get("id")
+        channel = _optional_text((payload.get("channel") or {}).get("id"))
         container = payload.get("container") or {}
-        message_ts = container.get("message_ts") or (payload.get("message") or {}).get("ts")
+        message_ts = _optional_text(container.get("message_ts")
+                                    or (payload.get("message") or {}).get("ts"))
         return ActionRequest(
             action=_verb(action_id), alert_id=_field(value, "alert_id"),
             rule=_field(value, "rule"), resource_id=value.get("resource_id"),
@@ -292,7 +295,8 @@ def parse_action(body: bytes, keep_for: timedelta) -> ActionRequest:
             channel_id=channel, message_ts=message_ts)
     except BadRequest:
         raise
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError, UnicodeError):
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, UnicodeError,
+            RecursionError):
         raise BadRequest("malformed payload") from None
 
 
@@ -318,6 +322,13 @@ def _field(obj: Mapping[str, Any], name: str) -> str:
     if not isinstance(value, str) or not value:
         raise BadRequest(f"missing {name}")
     return value
+
+
+def _optional_text(value: Any) -> str | None:
+    """An id Slack sends as a string, or nothing; any other type is a forged payload."""
+    if value is None or isinstance(value, str):
+        return value or None
+    raise BadRequest("malformed payload")
 
 
 def _verb(action_id: str) -> str:

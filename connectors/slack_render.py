@@ -42,6 +42,7 @@ BAR_CELLS = 10
 MAX_TOP = 5
 MAX_DIGEST_ITEMS = 40
 MAX_TEXT = 3000
+FORECAST_LINE = "forecast"
 OVERFLOW_VALUE_MAX = 150
 
 
@@ -106,6 +107,7 @@ class AlertChange:
     lines: tuple[Line, ...]
     currency: str
     period_start: str | None
+    period_end: str | None
     forecast: Forecast | None
     rate_per_hour: Decimal | None
     top: tuple[Contributor, ...]
@@ -171,6 +173,7 @@ def _parse(record: Mapping[str, Any]) -> AlertChange:
                     for x in record.get("lines") or ()),
         currency=str(record.get("currency") or "USD"),
         period_start=period.get("start"),
+        period_end=period.get("end"),
         forecast=Forecast(Decimal(str(forecast["value"])), _time(forecast.get("crosses_at")))
         if forecast else None,
         rate_per_hour=_decimal(record.get("rate_per_hour")),
@@ -290,7 +293,9 @@ def group_label(group: Mapping[str, str]) -> str:
 
 
 def group_mrkdwn(group: Mapping[str, str]) -> str:
-    return escape(" · ".join(f"{k} `{v}`" for k, v in group.items())) or "_all resources_"
+    """``team `pretrain` · job `run-42```; a tag the resources do not carry reads _untagged_."""
+    shown = (f"{k} `{v}`" if v else f"{k} _untagged_" for k, v in group.items())
+    return escape(" · ".join(shown)) or "_all resources_"
 
 
 def escape(text: str) -> str:
@@ -306,6 +311,12 @@ def headline(change: AlertChange) -> str:
     value = figure(change, change.value)
     line = change.line or "its line"
     against = f" ({figure(change, change.threshold)})" if change.threshold is not None else ""
+    if change.line == FORECAST_LINE and change.forecast is not None:
+        target = _limit_line(change)
+        name = target.name if target else "its line"
+        if change.state == "resolved":
+            return f"{value}, forecast back under {name}{against}"
+        return f"{value}, forecast {figure(change, change.forecast.value)} crosses {name}{against}"
     if change.state == "resolved" and change.kind == "idle":
         return f"{value} utilization, back over {line}{against}"
     if change.state == "resolved":
@@ -392,11 +403,25 @@ def _top_section(change: AlertChange) -> Block | None:
         return None
     rows = ["*Top contributors*"]
     for item in change.top[:MAX_TOP]:
+        amount = _contribution(change, item.value)
         share = ""
-        if change.value > 0 and unit_of(change).startswith("currency"):
-            share = f" ({percent(item.value / change.value)})"
-        rows.append(f"• {group_mrkdwn(item.group)} {figure(change, item.value)}{share}")
+        if amount is not None and change.value > 0 and unit_of(change).startswith("currency"):
+            share = f" ({percent(amount / change.value)})"
+        shown = figure(change, amount) if amount is not None else money(item.value,
+                                                                          change.currency)
+        rows.append(f"• {group_mrkdwn(item.group)} {shown}{share}")
     return _section("\n".join(rows))
+
+
+def _contribution(change: AlertChange, total: Decimal) -> Decimal | None:
+    """A contributor's total in the alert's unit. Rates per hour are measured over the
+    record's period (the rule's window), so a total over it is turned into its rate; None
+    when the period does not say how long that was."""
+    if unit_of(change) != "currency_per_hour":
+        return total
+    start, end = _time(change.period_start), _time(change.period_end)
+    seconds = Decimal((end - start).total_seconds()) if start and end else Decimal(0)
+    return total * 3600 / seconds if seconds > 0 else None
 
 
 def _waste_section(change: AlertChange) -> Block | None:
@@ -479,7 +504,9 @@ def _actions(change: AlertChange) -> Block | None:
 
 def _footer(change: AlertChange, notes: Sequence[str]) -> Block:
     facts = [f"`{escape(change.alert_id)}`"]
-    if change.since is not None:
+    if not change.is_open:
+        facts.append(f"{change.state} {slack_time(change.at)}")
+    elif change.since is not None:
         facts.append(f"{change.state} since {slack_time(change.since)}")
     if change.mode == "dry_run":
         facts.append("dry run")

@@ -182,6 +182,9 @@ class SlackNotifier:
         self._channel_ids: dict[str, str] = {}
         self._root_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary())
+        self._resume_at = 0.0
+        """No call before this (monotonic) time: the ``Retry-After`` of Slack's last 429
+        that outlasted the client's retries."""
         self.stats: Counter[str] = Counter()
 
     def __repr__(self) -> str:
@@ -468,12 +471,20 @@ class SlackNotifier:
         return ref
 
     async def _call(self, method: str, **params: Any) -> dict[str, Any]:
-        """One API call; Slack's exception is replaced by ours, which carries no request."""
+        """One API call; Slack's exception is replaced by ours, which carries no request.
+        A 429 holds back every later call, in this delivery or the next, until its
+        ``Retry-After`` has passed."""
+        delay = self._resume_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
         failure: SlackError | None = None
         try:
             response = await self._web_client().api_call(method, json=params)
         except SlackApiError as exc:
             failure = _classify(method, exc)
+            if failure.status == 429:
+                self._resume_at = max(self._resume_at,
+                                      time.monotonic() + _retry_after(exc.response))
         except (TimeoutError, aiohttp.ClientError) as exc:
             failure = SlackUnavailable(method, type(exc).__name__, None, answered=False)
         if failure is not None:
@@ -523,6 +534,19 @@ def _classify(method: str, exc: SlackApiError) -> SlackError:
     transient = error in TRANSIENT_ERRORS or status == 429 or (status or 0) >= 500
     kind = SlackUnavailable if transient else SlackRefused
     return kind(method, error, status)
+
+
+def _retry_after(response: Any) -> float:
+    """Seconds Slack asked to wait (``Retry-After``); one second when it did not say."""
+    headers = getattr(response, "headers", None) or {}
+    for name, value in dict(headers).items():
+        if str(name).lower() == "retry-after":
+            text = value[0] if isinstance(value, list | tuple) and value else value
+            try:
+                return max(0.0, min(float(str(text).strip()), 3600.0))
+            except ValueError:
+                break
+    return 1.0
 
 
 def _describe(exc: BaseException) -> str:

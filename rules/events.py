@@ -26,6 +26,9 @@ from pydantic import (
 
 MAX_BATCH = 10_000
 MAX_FUTURE_S = 600.0
+MIN_TS = -2_208_988_800.0
+"""1900-01-01T00:00:00Z. Nothing older is a usage time, and every zone's calendar can place
+anything newer (a ts in year 0 or beyond a C ``time_t`` cannot be bucketed by day)."""
 MAX_TAGS = 32
 
 
@@ -245,8 +248,10 @@ def parse_message(raw: bytes, now: float | None = None) -> Parsed | Rejection:
             where = f"event {index}: " if batch else ""
             try:
                 ts = event.unix_ts
-            except ValueError as exc:
+            except (ValueError, OverflowError) as exc:
                 return Rejection("bad_timestamp", f"{where}field ts: {exc}")
+            if ts < MIN_TS:
+                return Rejection("bad_timestamp", f"{where}field ts: before 1900-01-01")
             if ts > limit:
                 return Rejection("future_ts",
                                  f"{where}field ts: more than 10 minutes in the future")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,12 +17,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from streams.scenario import Scenario, training_cluster
+from streams.scenario import DEV_BOXES, Scenario, training_cluster
 from streams.settings import Settings
 
 console = Console(stderr=True)
@@ -47,14 +49,17 @@ class Demo:
 
     def run(self) -> dict[str, Any]:
         began = time.time()
-        with self._services() as env, self._slack(env) as slack, self._worker(env) as worker:
-            scenario = training_cluster(time.time(), days=self.days)
+        with self._slurm_jobs() as jobs, self._services(bool(jobs)) as env, \
+                self._slack(env) as slack, self._worker(env) as worker:
+            scenario = training_cluster(time.time(), days=self.days, slurm_jobs=jobs)
             for line in scenario.story:
                 self.say(f"  • {line}")
             self._play(env, scenario)
             self._wait_for_worker(env, worker)
             self._settle(env)
+            releases = self._wait_for_releases(env)
             summary = self._summary(env, slack)
+            summary["reclamation"] = _reclamation(releases, live=bool(jobs))
         summary["seconds"] = round(time.time() - began, 1)
         if not self.quiet:
             self._print(summary)
@@ -63,11 +68,52 @@ class Demo:
     # -- services -----------------------------------------------------------------------
 
     @contextmanager
-    def _services(self) -> Iterator[dict[str, str]]:
+    def _slurm_jobs(self) -> Iterator[dict[str, str]]:
+        """When a Slurm cluster answers here, each dev box is a real job the demo may cancel."""
+        jobs: dict[str, str] = {}
+        if shutil.which("sbatch") and _quiet_ok(["sinfo", "-h"]):
+            for box, owner, _ in DEV_BOXES:
+                done = subprocess.run(
+                    ["sbatch", "--parsable", f"--job-name=notebook-{owner}", "--output=/dev/null",
+                     "--wrap", "sleep 3600"], capture_output=True, text=True, timeout=30)
+                if done.returncode == 0:
+                    jobs[box] = done.stdout.strip().split(";")[0]
+            self.say(f"Slurm answers here: the dev boxes run as jobs {', '.join(jobs.values())}.")
+        else:
+            self.say("No Slurm here: idle boxes are reclaimed as a dry run.")
+        try:
+            yield jobs
+        finally:
+            if jobs:
+                subprocess.run(["scancel", *jobs.values()], capture_output=True, timeout=30)
+
+    def _rules(self, live: bool) -> Path:
+        """The shipped rules, with idle reclamation's grace cut to 30 s so the demo can show
+        it (and live only when the boxes are real Slurm jobs)."""
+        from ruamel.yaml import YAML
+
+        from rules.loader import rule_files
+
+        target = self.state_dir / "demo-rules"
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        yaml = YAML(typ="rt")
+        for source in rule_files([self.settings.rules]):
+            document = yaml.load(source.read_text())
+            for rule in document.get("rules") or []:
+                if rule.get("kind") == "idle" and rule.get("reclaim"):
+                    rule["reclaim"]["grace"] = "30s"
+                    rule["mode"] = "live" if live else "dry_run"
+            with (target / source.name).open("w") as out:
+                yaml.dump(document, out)
+        return target
+
+    @contextmanager
+    def _services(self, live: bool) -> Iterator[dict[str, str]]:
         env = dict(os.environ)
         env.update(COSTLINE_NAMESPACE=self.namespace, COSTLINE_WEB_PORT=str(_free_port()),
                    COSTLINE_PARTITIONS="4", COSTLINE_RULES_TICK_S="5",
-                   COSTLINE_RULES=str(self.settings.rules),
+                   COSTLINE_RULES=str(self._rules(live)),
                    COSTLINE_PRICES=str(self.settings.prices))
         if self.use_running:
             env.update(COSTLINE_KAFKA_BOOTSTRAP=self.settings.kafka_bootstrap,
@@ -196,6 +242,37 @@ class Demo:
                 return
             time.sleep(0.5)
 
+    def _wait_for_releases(self, env: dict[str, str], most: float = 90.0
+                           ) -> list[dict[str, Any]]:
+        """The reclamation audit log, once every plan has closed (or ``most`` has passed)."""
+        from kafka import KafkaConsumer
+
+        topic = f"{self.namespace}.actions.v1"
+        consumer = KafkaConsumer(topic, bootstrap_servers=env["COSTLINE_KAFKA_BOOTSTRAP"],
+                                 auto_offset_reset="earliest", enable_auto_commit=False,
+                                 consumer_timeout_ms=2000)
+        records: dict[str, dict[str, Any]] = {}
+        began = time.time()
+        with console.status("Waiting for the grace periods to end…") if not self.quiet \
+                else _null():
+            try:
+                while time.time() - began < most:
+                    for message in consumer:
+                        record = json.loads(message.value)
+                        records[record["action_id"]] = record
+                    plans = {r["plan_id"] for r in records.values()}
+                    closed = {r["plan_id"] for r in records.values()
+                              if r["step"] in ("executed", "skipped", "failed")}
+                    if plans and plans == closed:
+                        break
+            finally:
+                consumer.close()
+        for record in sorted(records.values(), key=lambda r: r["at"]):
+            if record["step"] in ("executed", "skipped", "failed"):
+                self.say(f"  reclaim {record['resource_id']}: {record['step']} — "
+                         f"{record['reason']}")
+        return list(records.values())
+
     # -- summary ------------------------------------------------------------------------
 
     def _summary(self, env: dict[str, str], slack: Any) -> dict[str, Any]:
@@ -245,6 +322,12 @@ class Demo:
             alerts.add_row(row["state"], row["rule"], group, row["value"] or "",
                            row["threshold"] or "")
         out.print(alerts)
+        reclaim = summary.get("reclamation", {})
+        if reclaim:
+            verb = "released" if reclaim["live"] else "would release (dry run)"
+            out.print(f"Idle resources {verb}: {', '.join(reclaim['resources']) or 'none'} · "
+                      f"saved {reclaim['saved']} USD"
+                      + ("" if reclaim["live"] else f" (would save {reclaim['would_save']})"))
         sent = summary["slack_messages"]
         out.print(f"Slack messages posted: {sent if sent is not None else 'see Slack'} · "
                   f"done in {summary['seconds']} s · namespace {summary['namespace']}")
@@ -253,6 +336,28 @@ class Demo:
 @contextmanager
 def _null() -> Iterator[None]:
     yield
+
+
+def _quiet_ok(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _reclamation(records: list[dict[str, Any]], live: bool) -> dict[str, Any]:
+    """What reclamation did: resources released and the money that saved (or would have)."""
+    from decimal import Decimal
+
+    executed = [r for r in records if r["step"] == "executed"]
+    dry = [r for r in records if r["step"] == "skipped" and "would_save" in r]
+    return {
+        "live": live,
+        "resources": sorted(r["resource_id"] for r in (executed if live else dry)),
+        "saved": str(sum((Decimal(r["saved"]) for r in executed), Decimal("0.000000"))),
+        "would_save": str(sum((Decimal(r["would_save"]) for r in dry), Decimal("0.000000"))),
+        "steps": len(records),
+    }
 
 
 def _watermark(redis: Any, namespace: str, topic: str, partition: int) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 HOUR = 3600
@@ -49,18 +50,26 @@ def _hours(start: float, end: float) -> Iterator[float]:
         t += HOUR
 
 
-def training_cluster(now: float, days: int = 10, seed: int = 42) -> Scenario:
+DEV_BOXES = [("dev-gpu-01", "erin", 0.01), ("dev-gpu-02", "farid", 0.02),
+             ("dev-gpu-03", "gita", 0.0), ("dev-gpu-04", "hugo", 0.71)]
+FOCUS_SAMPLE = Path(__file__).parent / "data" / "focus" / "focus_1.0_sample_1000.csv"
+
+
+def training_cluster(now: float, days: int = 10, seed: int = 42,
+                     slurm_jobs: dict[str, str] | None = None) -> Scenario:
     """The last ``days`` days (bounded by this month's start) of a 512-GPU pre-training run,
-    post-training experiments, dev boxes, logs and checkpoints."""
+    post-training experiments, dev boxes (``slurm_jobs``: box → the Slurm job holding it),
+    logs, checkpoints and the cloud bill for the rest."""
     rng = random.Random(seed)
     month_start = _month_start(now)
     start = max(now - days * 86400, month_start)
     scenario = Scenario(now=now, start=start)
     _pretraining(scenario, rng)
     _posttraining(scenario, rng)
-    _dev_boxes(scenario, rng)
+    _dev_boxes(scenario, rng, slurm_jobs or {})
     _logs(scenario, rng)
     _checkpoints(scenario, rng)
+    _cloud_bill(scenario)
     return scenario
 
 
@@ -117,12 +126,12 @@ def _posttraining(s: Scenario, rng: random.Random) -> None:
     s.story.append("post-training: 60 short SFT/RL experiments on 8-GPU nodes")
 
 
-def _dev_boxes(s: Scenario, rng: random.Random) -> None:
-    boxes = [("dev-gpu-01", "erin", 0.01), ("dev-gpu-02", "farid", 0.02),
-             ("dev-gpu-03", "gita", 0.0), ("dev-gpu-04", "hugo", 0.71)]
-    for box, owner, util in boxes:
+def _dev_boxes(s: Scenario, rng: random.Random, slurm_jobs: dict[str, str]) -> None:
+    for box, owner, util in DEV_BOXES:
         tags = {"project": "sandbox", "team": "research", "env": "dev", "stage": "dev",
                 "owner": owner, "job": f"notebook-{owner}"}
+        if box in slurm_jobs:
+            tags["slurm_job_id"] = slurm_jobs[box]
         for hour in _hours(s.now - 14 * HOUR, s.now):
             s.usage.append(_usage(f"dev-{box}-{int(hour)}", hour, f"lab/{box}", "gpu.a100",
                                   "gpu_hour", 8.0, tags))
@@ -162,3 +171,37 @@ def _checkpoints(s: Scenario, rng: random.Random) -> None:
         s.usage.append(_usage(f"ckpt-{int(hour)}", hour + 1800, "s3://ckpt/llm-70b",
                               "storage.checkpoint", "gb_hour", round(size_gb, 1), tags))
     s.story.append("checkpoints: retention misconfigured, storage grows 15× faster today")
+
+
+def _cloud_bill(s: Scenario) -> None:
+    """The FOCUS sample bill (real, anonymised) as the cloud spend around the cluster; its
+    charge dates are moved into the scenario's window, its amounts kept."""
+    from connectors.focus import CostBasis, FocusConverter, open_focus, read_rows
+
+    converter = FocusConverter(basis=CostBasis.effective, currency="USD", now=float("inf"))
+    events = []
+    with open_focus(FOCUS_SAMPLE) as (text, _):
+        for row in read_rows(text, CostBasis.effective):
+            made = converter.convert(row)
+            event = getattr(made, "event", None)
+            if event is not None:
+                events.append(event.model_dump(mode="json", exclude_none=True))
+    if not events:
+        return
+    first = min(e["ts"] for e in events)
+    last = max(e["ts"] for e in events)
+    span = max(1.0, _unix(last) - _unix(first))
+    window = s.now - HOUR - s.start
+    for event in events:
+        event["ts"] = round(s.start + (_unix(event["ts"]) - _unix(first)) / span * window, 3)
+        event["tags"].setdefault("team", "cloud-shared")
+    for i in range(0, len(events), 500):
+        s.usage.append(events[i:i + 500])
+    s.story.append(f"cloud bill: {len(events)} FOCUS rows from AWS, Google Cloud, Microsoft "
+                   "and Oracle (FinOps Foundation sample, CC BY 4.0)")
+
+
+def _unix(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

@@ -342,11 +342,12 @@ def test_dry_run_reports_without_kafka() -> None:
 
 
 def test_an_import_the_worker_could_not_price_stops_before_sending(tmp_path: Path) -> None:
+    example = REPO / "rules/prices/example.yaml"
+    if not missing_prices(PriceBook.load(example)):
+        pytest.skip("the example price book already prices focus.*")
     path = tmp_path / "one.csv"
     path.write_text(csv_text([row()]))
-    result = cli("--prices", str(REPO / "rules/prices/example.yaml"), "--kafka-bootstrap",
-                 "127.0.0.1:1", "import", "focus", str(path))
-    if not missing_prices(PriceBook.load(REPO / "rules/prices/example.yaml")):
-        pytest.skip("the example price book already prices focus.*")
+    result = cli("--prices", str(example), "--kafka-bootstrap", "127.0.0.1:1",
+                 "import", "focus", str(path))
     assert result.exit_code == 2
     assert "focus.compute:" in result.output and "unit: usd, price: 1" in result.output

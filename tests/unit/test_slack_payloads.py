@@ -290,16 +290,21 @@ def _payloads(data: Any) -> list[Payload]:
     return data if isinstance(data, list) else [data]
 
 
-GOLDEN_NAMES = ["first_warning", "escalation", "budget_line", "forecast", "growth",
-                "idle_pending_release", "log_explosion", "fault_waste", "resolved", "digest"]
+GOLDEN_RULES = {
+    "first_warning": "team-monthly", "escalation": "team-monthly", "resolved": "team-monthly",
+    "budget_line": "project-hard-limit", "forecast": "team-forecast", "growth": "project-growth",
+    "idle_pending_release": "idle-gpus", "log_explosion": "log-flood",
+    "fault_waste": "fault-waste", "digest": "team-monthly",
+}
 
 
-@pytest.mark.parametrize("name", GOLDEN_NAMES)
-def test_every_golden_payload_fits_slacks_limits_and_names_its_alert(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(GOLDEN_RULES))
+def test_every_golden_payload_fits_slacks_limits_and_names_its_rule(name: str) -> None:
     path = GOLDEN / f"{name}.json"
     for payload in _payloads(json.loads(path.read_text(encoding="utf-8"))):
         assert block_errors(payload.get("blocks", [])) == []
-        assert payload["text"] and len(payload["text"]) <= 3000
+        assert 0 < len(payload["text"]) <= 3000
+        if "blocks" in payload:
+            assert GOLDEN_RULES[name] in payload["text"]
         if payload["method"] == "chat.postMessage" and not payload.get("thread"):
             assert payload["channel"].startswith("#")
-
