@@ -8,6 +8,7 @@ objects, and aliases are the vehicle of "billion laughs" expansion bombs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,11 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.events import AliasEvent, NodeEvent
+from ruamel.yaml.reader import ReaderError
 
 MAX_BYTES = 1 << 20
+# Line breaks as ruamel's marks count them (YAML 1.2: LF, CR LF and a lone CR).
+_LINE_BREAK = re.compile("\r\n|[\n\r]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,11 +124,26 @@ def load_document(path: Path | str, text: str | None = None) -> Document:
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = exc.problem or exc.context or "invalid YAML"
         raise SourceInvalid([SourceError(name, line, col, problem.strip())]) from exc
+    except ReaderError as exc:  # a character YAML does not allow: ruamel gives an offset
+        line, col = _line_col(text, exc.position)
+        char = exc.character
+        code = ord(char) if isinstance(char, bytes) else char
+        raise SourceInvalid([SourceError(name, line, col,
+                                         f"character #x{code:04x} is not allowed in YAML")]
+                            ) from exc
     except SourceInvalid:
         raise
     except Exception as exc:  # ruamel raises a few unmarked errors on odd input
-        raise SourceInvalid([SourceError(name, 1, 1, f"invalid YAML: {exc}")]) from exc
+        said = " ".join(str(exc).split())  # one line, whatever ruamel wrote
+        raise SourceInvalid([SourceError(name, 1, 1, f"invalid YAML: {said}")]) from exc
     return Document(name, data, tree)
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of the character at ``offset``, counted like ruamel's marks
+    (a byte order mark takes no column)."""
+    before = _LINE_BREAK.split(text[:offset])
+    return len(before), len(before[-1].replace("\ufeff", "")) + 1
 
 
 def _refuse_constructs(file: str, event: Any) -> None:

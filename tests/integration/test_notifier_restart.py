@@ -143,5 +143,6 @@ def test_a_worker_killed_mid_burst_loses_nothing_and_every_duplicate_is_counted(
     accepted = ledger.sent_ts()
     assert accepted <= shown, "every message the ledger recorded is in Slack"
     duplicates = len(shown - accepted)
+    print("DEBUG", at_kill, len(shown), len(accepted), duplicates, ledger.ambiguous(), len(published))
     assert duplicates <= ledger.ambiguous(), (
         f"{duplicates} message(s) sent twice, {ledger.ambiguous()} counted as ambiguous")

@@ -1,0 +1,80 @@
+"""``costline report``: the period's spend, budgets, waste and savings as one HTML page."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from streams.commands import command_group
+
+PERIODS = ("day", "week", "month")
+DEFAULT_BY = "team,project,job"
+
+
+def _moment(at: str | None) -> float:
+    from rules.durations import parse_time
+
+    try:
+        return parse_time(at) if at is not None else time.time()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--at") from exc
+
+
+def _keys(by: str) -> tuple[str, ...]:
+    keys = tuple(dict.fromkeys(key.strip() for key in by.split(",") if key.strip()))
+    if not keys:
+        raise typer.BadParameter("name at least one key, e.g. team", param_hint="--by")
+    return keys
+
+
+def _write(page: str, target: Path) -> None:
+    if str(target) == "-":
+        typer.echo(page, nl=False)
+        return
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_text(page, encoding="utf-8")
+    partial.replace(target)
+
+
+@command_group
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        ctx: typer.Context,
+        html: Path = typer.Option(..., "--html", help="Write the page to this file ('-' for "
+                                  "standard output)."),
+        period: str = typer.Option("month", help="day, week or month."),
+        at: str | None = typer.Option(None, help="A moment inside the period (RFC 3339 or "
+                                      "Unix seconds); default now."),
+        by: str = typer.Option(DEFAULT_BY, help="Top spenders by these keys (tags, category, "
+                               "resource_type), comma-separated; one chart each."),
+    ) -> None:
+        """A self-contained HTML report: spend against budgets, waste by fault type, top
+        spenders and the idle hours reclaimed, for a day, week or month."""
+        from redis import RedisError
+
+        from connectors.report_html import render
+        from rules.loader import RulesInvalid
+        from streams.cli import settings_of
+        from streams.report import ReportRequest, gather
+
+        settings = settings_of(ctx)
+        if period not in PERIODS:
+            raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
+        request = ReportRequest(period=period, at=_moment(at), now=time.time(),  # type: ignore[arg-type]
+                                zone=settings.timezone, by=_keys(by))
+        try:
+            page = render(gather(settings, request))
+        except RulesInvalid as exc:
+            for error in exc.errors:
+                typer.echo(str(error), err=True)
+            typer.echo("costline report: the rule set does not load", err=True)
+            raise typer.Exit(1) from exc
+        except RedisError as exc:
+            typer.echo(f"costline report: Redis did not answer: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        _write(page, html)
+        if str(html) != "-":
+            typer.echo(f"report written to {html} ({len(page.encode())} bytes)")

@@ -1,0 +1,290 @@
+"""What ``costline report`` shows, read from Redis, the rule set and the reclamation ledger.
+
+``build_report`` works on anything that answers ``totals`` and ``series`` (the Redis state in
+production), the loaded rules, the alert book and the latest action records, and returns the
+``connectors.report_html.Report`` the renderer draws. ``gather`` opens those sources for a
+set of ``Settings``.
+
+Periods: the report's own period (``--period`` around ``--at``, in ``COSTLINE_TIMEZONE``)
+frames the totals, the waste, the top spenders and the releases. Each budget rule is drawn
+over *its* period (its ``period`` and ``timezone``) containing ``--at``, because a budget line
+only means something against the spend of the period it was written for. While a period is
+running, figures reach the end of the 5-minute bucket holding now, as the rules see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any, Protocol
+
+from connectors.report_html import (
+    TOP_SPENDERS,
+    Amount,
+    BudgetChart,
+    BudgetGroup,
+    BudgetLine,
+    Projection,
+    Ranking,
+    Release,
+    Report,
+    Span,
+    Totals,
+)
+from rules.alerts import AlertBook
+from rules.durations import Period, parse_time, period_bounds
+from rules.engine import alert_id
+from rules.kinds.budget import FORECAST_MIN_HISTORY_S, FORECAST_WINDOW_S, BudgetRule
+from rules.loader import RuleSet
+from rules.prices import PriceBook, to_micro
+from rules.reclaim import hourly_cost
+from rules.state import Group, Measure, align_down, through
+
+if TYPE_CHECKING:
+    from streams.settings import Settings
+
+HOUR_S = 3600
+ACTIONS_READ = 10_000
+"""Action records read from the ledger's log (it keeps at most this many)."""
+
+
+class SpendReader(Protocol):
+    """The read side of the stored totals that a report needs (``RedisState`` answers it)."""
+
+    def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
+               start: float, end: float) -> dict[Group, int]: ...
+
+    def series(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
+               start: float, end: float, step: int = HOUR_S) -> dict[Group, dict[int, int]]: ...
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """Which period to report (the ``period`` holding ``at`` in ``zone``), as of ``now``."""
+
+    period: Period
+    at: float
+    now: float
+    zone: str
+    by: tuple[str, ...] = ("team", "project", "job")
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Everything a report is made from."""
+
+    state: SpendReader
+    rules: RuleSet
+    alerts: AlertBook
+    actions: Sequence[Mapping[str, Any]]
+    prices: PriceBook
+    namespace: str
+
+
+def build_report(sources: Sources, request: ReportRequest) -> Report:
+    start, end = period_bounds(request.at, request.period, request.zone)
+    upto = _reach(start, end, request.now)
+    state = sources.state
+    waste = _ranked(state.totals("waste", {}, ["fault"], start, upto))
+    return Report(
+        namespace=sources.namespace,
+        currency=sources.prices.currency,
+        span=Span(start, end, request.period, request.zone),
+        generated_at=request.now,
+        totals=_totals(state, start, upto, sum(item.amount for item in waste)),
+        budgets=tuple(
+            _budget_chart(state, rule, sources.alerts, request)
+            for rule in sources.rules if isinstance(rule, BudgetRule)
+        ),
+        waste=waste,
+        spenders=tuple(_ranking(state, key, start, upto) for key in request.by),
+        releases=releases(sources.actions, sources.prices, start, end),
+    )
+
+
+def _reach(start: float, end: float, now: float) -> float:
+    """How far into [start, end) the stored totals are read: through now's bucket."""
+    return max(start, min(float(through(now)), end))
+
+
+def _totals(state: SpendReader, start: float, upto: float, waste: int) -> Totals:
+    billing = state.totals("cost", {}, ["billing"], start, upto)
+    return Totals(spend=sum(billing.values()), waste=waste,
+                  fixed=billing.get(("fixed",), 0), elastic=billing.get(("elastic",), 0))
+
+
+def _ranked(amounts: Mapping[Group, int]) -> tuple[Amount, ...]:
+    """One amount per single-key group, largest first (ties by label)."""
+    ordered = sorted(amounts.items(), key=lambda item: (-item[1], item[0]))
+    return tuple(Amount(group[0], amount) for group, amount in ordered)
+
+
+def _ranking(state: SpendReader, key: str, start: float, upto: float) -> Ranking:
+    ranked = _ranked(state.totals("cost", {}, [key], start, upto))
+    rest = ranked[TOP_SPENDERS:]
+    return Ranking(key, ranked[:TOP_SPENDERS], len(rest), sum(item.amount for item in rest))
+
+
+# ── budgets ───────────────────────────────────────────────────────────────────────────────
+
+
+def _budget_chart(state: SpendReader, rule: BudgetRule, book: AlertBook,
+                  request: ReportRequest) -> BudgetChart:
+    start, end = period_bounds(request.at, rule.period, rule.timezone)
+    upto = _reach(start, end, request.now)
+    running = start <= request.now < end
+    spent = state.totals("cost", rule.match, rule.group_by, start, upto)
+    lines = _cumulative(state, rule, start, upto, min(upto, request.now) if running else end)
+    rates = _burn_rates(state, rule, start, request.now) if running else {}
+    groups = tuple(
+        BudgetGroup(
+            labels=dict(zip(rule.group_by, group, strict=True)),
+            points=lines.get(group, ((start, 0),)),
+            spent=spent[group],
+            projection=_projection(rule, spent[group], rates.get(group), request.now, end),
+            alert=_alert_state(book, rule, group),
+        )
+        for group in sorted(spent, key=lambda g: (-spent[g], g))
+    )
+    return BudgetChart(
+        rule=rule.name, span=Span(start, end, rule.period, rule.timezone),
+        lines=tuple(BudgetLine(line.name, line.value) for line in rule.budget_lines()),
+        groups=groups, match=dict(rule.match), group_by=tuple(rule.group_by),
+        now=request.now if running else None,
+    )
+
+
+def _cumulative(state: SpendReader, rule: BudgetRule, start: float, upto: float,
+                line_end: float) -> dict[Group, tuple[tuple[float, int], ...]]:
+    """Each group's spend so far at the start and at the end of every hour of the period.
+
+    Hours are UTC hours; a period that starts off the hour (a zone offset of :30 or :45)
+    reads the part before its first whole hour as one total.
+    """
+    first_hour = min(upto, float(math.ceil(start / HOUR_S) * HOUR_S))
+    head = state.totals("cost", rule.match, rule.group_by, start, first_hour) \
+        if first_hour > start else {}
+    hours = state.series("cost", rule.match, rule.group_by, first_hour, upto, step=HOUR_S) \
+        if upto > first_hour else {}
+    grid = range(int(first_hour), int(upto), HOUR_S)
+    out = {}
+    for group in set(head) | set(hours):
+        running = head.get(group, 0)
+        points = [(start, 0)] + ([(first_hour, running)] if first_hour > start else [])
+        for hour in grid:
+            running += hours.get(group, {}).get(hour, 0)
+            points.append((min(float(hour + HOUR_S), line_end), running))
+        out[group] = tuple(points)
+    return out
+
+
+def _burn_rates(state: SpendReader, rule: BudgetRule, start: float, now: float
+                ) -> dict[Group, Decimal]:
+    """Spend per second over the recent complete buckets: the rate the rule's forecast uses."""
+    rate_end = align_down(now)
+    rate_start = max(start, rate_end - FORECAST_WINDOW_S)
+    seconds = int(rate_end - rate_start)
+    if seconds < FORECAST_MIN_HISTORY_S:
+        return {}
+    recent = state.totals("cost", rule.match, rule.group_by, rate_start, rate_end)
+    return {group: Decimal(total) / seconds for group, total in recent.items()}
+
+
+def _projection(rule: BudgetRule, spent: int, rate: Decimal | None, now: float, end: float
+                ) -> Projection | None:
+    """Spend at the period end if the recent rate holds, and when it crosses the budget line."""
+    if rate is None or rate <= 0:
+        return None
+    projected = spent + int(rate * Decimal(end - now))
+    crosses_at = None
+    if spent < rule.limit <= projected:
+        crosses_at = now + float((rule.limit - spent) / rate)
+    return Projection(now, projected, crosses_at)
+
+
+def _alert_state(book: AlertBook, rule: BudgetRule, group: Group) -> str:
+    alert = book.alerts.get(alert_id(rule.name, dict(zip(rule.group_by, group, strict=True))))
+    if alert is None:
+        return ""
+    muted = " (silenced)" if alert.mute is not None else ""
+    return f"{alert.state}: {alert.payload.get('line', '?')}{muted}"
+
+
+# ── reclamation ───────────────────────────────────────────────────────────────────────────
+
+
+def releases(actions: Iterable[Mapping[str, Any]], prices: PriceBook, start: float,
+             end: float) -> tuple[Release, ...]:
+    """Executed releases in [start, end), oldest first.
+
+    Idle hours reclaimed = ``saved`` ÷ the resource's hourly cost (its type's price per
+    unit-hour × its ``units`` tag), the hours ``saved`` was counted for; unknown when the
+    price book does not price the type by the hour.
+    """
+    found = []
+    for record in actions:
+        if record.get("step") != "executed":
+            continue
+        try:
+            at = parse_time(str(record.get("at", "")))
+            saved = to_micro(Decimal(str(record.get("saved", "0"))))
+        except (ValueError, InvalidOperation):
+            continue
+        if start <= at < end:
+            found.append(_release(record, at, saved, prices))
+    return tuple(sorted(found, key=lambda r: (r.at, r.resource_id)))
+
+
+def _release(record: Mapping[str, Any], at: float, saved: int, prices: PriceBook) -> Release:
+    hourly = hourly_cost(prices, str(record.get("resource_type", "")),
+                         dict(record.get("tags") or {}))
+    hours = Decimal(saved) / Decimal(hourly) if hourly else None
+    return Release(at=at, rule=str(record.get("rule", "?")),
+                   resource_id=str(record.get("resource_id", "?")), hours=hours, saved=saved)
+
+
+# ── the sources of a running installation ─────────────────────────────────────────────────
+
+
+def gather(settings: Settings, request: ReportRequest) -> Report:
+    """Read everything for ``request`` from the namespace ``settings`` name.
+
+    Raises ``rules.loader.RulesInvalid`` for a rule set that does not load and
+    ``redis.RedisError`` when Redis does not answer.
+    """
+    import connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
+    from redis import Redis
+
+    from connectors.alert_store import AlertStore
+    from connectors.redis_state import RedisState
+    from rules.loader import load_rules
+
+    rules = load_rules([settings.rules], settings.timezone)
+    redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    try:
+        sources = Sources(
+            state=RedisState(redis, settings.namespace, settings.timezone),
+            rules=rules,
+            alerts=AlertStore(redis, settings.namespace).book(),
+            actions=asyncio.run(_action_history(settings.redis_url, settings.namespace)),
+            prices=PriceBook.load(settings.prices),
+            namespace=settings.namespace,
+        )
+        return build_report(sources, request)
+    finally:
+        redis.close()
+
+
+async def _action_history(redis_url: str, namespace: str) -> list[dict[str, Any]]:
+    from redis.asyncio import Redis
+
+    from connectors.reclaim_ledger import RedisReclaimLedger
+
+    redis = Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=30)
+    try:
+        return await RedisReclaimLedger(redis, namespace).history(ACTIONS_READ)
+    finally:
+        await redis.aclose()
