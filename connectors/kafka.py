@@ -259,3 +259,10 @@ def producer(
         bootstrap_timeout_ms=millis,
         max_block_ms=millis,
     )
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner gives a message with this key."""
+    from kafka.partitioner.default import murmur2
+
+    return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions

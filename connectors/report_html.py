@@ -309,7 +309,8 @@ def _spend_path(plot: _Plot, group: BudgetGroup, colour: str, currency: str) -> 
         points = (*points, points[0])
     d = "M" + " L".join(f"{plot.x(t):.1f},{plot.y(_units(v)):.1f}" for t, v in points)
     tip = f"{_group_label(group.labels)}: {_money(group.spent, currency)} so far"
-    return _tag("path", {"class": "series", "d": d, "stroke": colour}, _tag("title", {}, _text(tip)))
+    return _tag("path", {"class": "series", "d": d, "stroke": colour},
+                _tag("title", {}, _text(tip)))
 
 
 def _forecast_path(plot: _Plot, group: BudgetGroup, colour: str, currency: str) -> str:
@@ -641,7 +642,7 @@ def _hours(hours: Decimal) -> str:
 def _nice_step(top: float, count: int = 4) -> float:
     """A round tick step (1, 2, 2.5 or 5 × 10ⁿ) giving about ``count`` intervals up to ``top``."""
     raw = max(top, 1e-6) / count
-    magnitude = 10 ** math.floor(math.log10(raw))
+    magnitude = 10.0 ** math.floor(math.log10(raw))
     for multiple in (1, 2, 2.5, 5, 10):
         if raw <= multiple * magnitude:
             return multiple * magnitude
@@ -676,10 +677,11 @@ body{margin:0 auto;max-width:1040px;padding:24px 32px 48px;font:15px/1.45 system
 h1{font-size:26px;margin:0 0 4px}h2{font-size:20px;margin:36px 0 8px;padding-bottom:4px;
 border-bottom:1px solid var(--rule)}
 .meta,.note,footer,figcaption{color:var(--muted)}
-.totals{display:grid;grid-template-columns:repeat(4,1fr);gap:12px;margin:16px 0 0}
+.totals{display:grid;grid-template-columns:repeat(auto-fit,minmax(210px,1fr));gap:12px;
+margin:16px 0 0}
 .card{background:var(--card);border:1px solid var(--rule);border-radius:8px;padding:10px 14px}
 .card dt{font-size:13px;color:var(--muted);text-transform:uppercase;letter-spacing:.04em}
-.card dd{margin:2px 0 0;font-size:18px;font-weight:600;font-variant-numeric:tabular-nums}
+.card dd{margin:2px 0 0;font-size:16px;font-weight:600;font-variant-numeric:tabular-nums}
 .card small{display:block;font-size:12px;font-weight:400;color:var(--muted)}
 figure{margin:16px 0 24px}figcaption{font-size:14px;margin-bottom:6px}
 svg.chart{display:block;width:100%;height:auto;max-width:760px;font-size:11px}

@@ -332,13 +332,14 @@ class SlackNotifier:
         """Post a new thread root for one alert, or a digest for several."""
         ledger = self._require_ledger()
         channel = self.route(changes[0])
+        await self._ready_to_post(channel)
         for change in changes:
             if await ledger.begin(change.thread_key, change.change_key,
                                   "root") is StepState.AMBIGUOUS:
                 self._ambiguous(change, "root")
         message = message_for(changes)
         try:
-            ref = await self._post(channel, message.text, message.blocks)
+            ref = await self._post(channel, message.text, message.blocks, paced=True)
         except SlackError as exc:
             if exc.answered:
                 for change in changes:
@@ -408,12 +409,14 @@ class SlackNotifier:
                      previous: AlertChange | None) -> Delivery:
         ledger = self._require_ledger()
         text = render_change_reply(change, previous)
+        await self._ready_to_post(thread.channel)
         state = await ledger.begin(change.thread_key, change.change_key, "reply")
         if state is StepState.AMBIGUOUS:
             self._ambiguous(change, "reply")
             text += AMBIGUOUS_MARK
         try:
-            reply = await self._post(thread.channel, text, None, thread_ts=thread.ts)
+            reply = await self._post(thread.channel, text, None, thread_ts=thread.ts,
+                                     paced=True)
         except SlackError as exc:
             if exc.answered:
                 await ledger.abandon(change.thread_key, change.change_key, "reply")
@@ -446,10 +449,24 @@ class SlackNotifier:
 
     # ── Slack calls ───────────────────────────────────────────────────────────────────────
 
-    async def _post(self, channel: str, text: str, blocks: list[Block] | None, *,
-                    thread_ts: str | None = None) -> ThreadRef:
-        """``chat.postMessage`` at the channel's pace; an unknown channel → the fallback."""
+    async def _ready_to_post(self, channel: str) -> None:
+        """Wait out a 429's ``Retry-After`` and the channel's pace. Delivery steps wait here
+        before the ledger marks them pending, so a step left pending by a dead process is
+        one whose request may really have reached Slack, not one still waiting its turn."""
+        await self._hold_off()
         await self._pacer.wait(self._channel_ids.get(channel, channel))
+
+    async def _hold_off(self) -> None:
+        delay = self._resume_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _post(self, channel: str, text: str, blocks: list[Block] | None, *,
+                    thread_ts: str | None = None, paced: bool = False) -> ThreadRef:
+        """``chat.postMessage`` at the channel's pace (``paced``: the caller already waited
+        for it); an unknown channel → the fallback."""
+        if not paced:
+            await self._ready_to_post(channel)
         params: dict[str, Any] = {"channel": channel, "text": text}
         if blocks:
             params["blocks"] = blocks
@@ -474,9 +491,7 @@ class SlackNotifier:
         """One API call; Slack's exception is replaced by ours, which carries no request.
         A 429 holds back every later call, in this delivery or the next, until its
         ``Retry-After`` has passed."""
-        delay = self._resume_at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await self._hold_off()
         failure: SlackError | None = None
         try:
             response = await self._web_client().api_call(method, json=params)

@@ -41,7 +41,7 @@ from rules.kinds.budget import FORECAST_MIN_HISTORY_S, FORECAST_WINDOW_S, Budget
 from rules.loader import RuleSet
 from rules.prices import PriceBook, to_micro
 from rules.reclaim import hourly_cost
-from rules.state import Group, Measure, align_down, through
+from rules.state import Group, Measure, align_down, group_of, matches, through
 
 if TYPE_CHECKING:
     from streams.settings import Settings
@@ -95,10 +95,7 @@ def build_report(sources: Sources, request: ReportRequest) -> Report:
         span=Span(start, end, request.period, request.zone),
         generated_at=request.now,
         totals=_totals(state, start, upto, sum(item.amount for item in waste)),
-        budgets=tuple(
-            _budget_chart(state, rule, sources.alerts, request)
-            for rule in sources.rules if isinstance(rule, BudgetRule)
-        ),
+        budgets=_budget_charts(state, sources.rules, sources.alerts, request),
         waste=waste,
         spenders=tuple(_ranking(state, key, start, upto) for key in request.by),
         releases=releases(sources.actions, sources.prices, start, end),
@@ -131,52 +128,119 @@ def _ranking(state: SpendReader, key: str, start: float, upto: float) -> Ranking
 # ── budgets ───────────────────────────────────────────────────────────────────────────────
 
 
-def _budget_chart(state: SpendReader, rule: BudgetRule, book: AlertBook,
-                  request: ReportRequest) -> BudgetChart:
-    start, end = period_bounds(request.at, rule.period, rule.timezone)
-    upto = _reach(start, end, request.now)
-    running = start <= request.now < end
-    spent = state.totals("cost", rule.match, rule.group_by, start, upto)
-    lines = _cumulative(state, rule, start, upto, min(upto, request.now) if running else end)
-    rates = _burn_rates(state, rule, start, request.now) if running else {}
+@dataclass(frozen=True)
+class _Window:
+    """A budget rule's period around the report's moment, and how far it is read."""
+
+    start: float
+    end: float
+    upto: float
+    running: bool
+    line_end: float
+    """Where the spend line stops: now while the period runs, else its end."""
+
+    @property
+    def first_hour(self) -> float:
+        """The first whole UTC hour of the period (its start in most zones)."""
+        return min(self.upto, float(math.ceil(self.start / HOUR_S) * HOUR_S))
+
+    @classmethod
+    def of(cls, rule: BudgetRule, request: ReportRequest) -> _Window:
+        start, end = period_bounds(request.at, rule.period, rule.timezone)
+        upto = _reach(start, end, request.now)
+        running = start <= request.now < end
+        return cls(start, end, upto, running, min(upto, request.now) if running else end)
+
+
+@dataclass(frozen=True)
+class _HourlySpend:
+    """Hourly spend per combination of every dimension the budget rules match or group on.
+
+    Read with one ``series`` call for all budget rules, then narrowed to each rule, so the
+    report's cost does not grow with the number of budget rules.
+    """
+
+    dimensions: tuple[str, ...]
+    cells: Mapping[Group, Mapping[int, int]]
+
+    @classmethod
+    def read(cls, state: SpendReader, windows: Sequence[tuple[BudgetRule, _Window]]
+             ) -> _HourlySpend:
+        dimensions = tuple(sorted({key for rule, _ in windows
+                                   for key in (*rule.match, *rule.group_by)}))
+        start = min((window.first_hour for _, window in windows), default=0.0)
+        end = max((window.upto for _, window in windows), default=0.0)
+        if end <= start:
+            return cls(dimensions, {})
+        return cls(dimensions, state.series("cost", {}, dimensions, start, end, step=HOUR_S))
+
+    def of(self, rule: BudgetRule, window: _Window) -> dict[Group, dict[int, int]]:
+        """The rule's groups' spend per hour of its window."""
+        out: dict[Group, dict[int, int]] = {}
+        for cell, hours in self.cells.items():
+            values = dict(zip(self.dimensions, cell, strict=True))
+            if not matches(rule.match, values):
+                continue
+            target = out.setdefault(group_of(rule.group_by, values), {})
+            for hour, amount in hours.items():
+                if window.first_hour <= hour < window.upto:
+                    target[hour] = target.get(hour, 0) + amount
+        return out
+
+
+def _budget_charts(state: SpendReader, rules: RuleSet, book: AlertBook,
+                   request: ReportRequest) -> tuple[BudgetChart, ...]:
+    windows = [(rule, _Window.of(rule, request)) for rule in rules
+               if isinstance(rule, BudgetRule)]
+    hourly = _HourlySpend.read(state, windows)
+    return tuple(_budget_chart(state, hourly, rule, window, book, request.now)
+                 for rule, window in windows)
+
+
+def _budget_chart(state: SpendReader, hourly: _HourlySpend, rule: BudgetRule, window: _Window,
+                  book: AlertBook, now: float) -> BudgetChart:
+    spent = state.totals("cost", rule.match, rule.group_by, window.start, window.upto)
+    lines = _cumulative(state, rule, window, hourly.of(rule, window))
+    rates = _burn_rates(state, rule, window.start, now) if window.running else {}
     groups = tuple(
         BudgetGroup(
             labels=dict(zip(rule.group_by, group, strict=True)),
-            points=lines.get(group, ((start, 0),)),
+            points=lines.get(group, ((window.start, 0),)),
             spent=spent[group],
-            projection=_projection(rule, spent[group], rates.get(group), request.now, end),
+            projection=_projection(rule, spent[group], rates.get(group), now, window.end),
             alert=_alert_state(book, rule, group),
         )
         for group in sorted(spent, key=lambda g: (-spent[g], g))
     )
     return BudgetChart(
-        rule=rule.name, span=Span(start, end, rule.period, rule.timezone),
+        rule=rule.name, span=Span(window.start, window.end, rule.period, rule.timezone),
         lines=tuple(BudgetLine(line.name, line.value) for line in rule.budget_lines()),
         groups=groups, match=dict(rule.match), group_by=tuple(rule.group_by),
-        now=request.now if running else None,
+        now=now if window.running else None,
     )
 
 
-def _cumulative(state: SpendReader, rule: BudgetRule, start: float, upto: float,
-                line_end: float) -> dict[Group, tuple[tuple[float, int], ...]]:
+def _cumulative(state: SpendReader, rule: BudgetRule, window: _Window,
+                hours: Mapping[Group, Mapping[int, int]]
+                ) -> dict[Group, tuple[tuple[float, int], ...]]:
     """Each group's spend so far at the start and at the end of every hour of the period.
 
     Hours are UTC hours; a period that starts off the hour (a zone offset of :30 or :45)
     reads the part before its first whole hour as one total.
     """
-    first_hour = min(upto, float(math.ceil(start / HOUR_S) * HOUR_S))
-    head = state.totals("cost", rule.match, rule.group_by, start, first_hour) \
-        if first_hour > start else {}
-    hours = state.series("cost", rule.match, rule.group_by, first_hour, upto, step=HOUR_S) \
-        if upto > first_hour else {}
-    grid = range(int(first_hour), int(upto), HOUR_S)
+    first_hour = window.first_hour
+    head = state.totals("cost", rule.match, rule.group_by, window.start, first_hour) \
+        if first_hour > window.start else {}
+    grid = range(int(first_hour), int(window.upto), HOUR_S)
     out = {}
     for group in set(head) | set(hours):
         running = head.get(group, 0)
-        points = [(start, 0)] + ([(first_hour, running)] if first_hour > start else [])
+        points = [(window.start, 0)]
+        if first_hour > window.start:
+            points.append((first_hour, running))
         for hour in grid:
             running += hours.get(group, {}).get(hour, 0)
-            points.append((min(float(hour + HOUR_S), line_end), running))
+            points.append((min(float(hour + HOUR_S), window.line_end), running))
         out[group] = tuple(points)
     return out
 
@@ -255,9 +319,9 @@ def gather(settings: Settings, request: ReportRequest) -> Report:
     Raises ``rules.loader.RulesInvalid`` for a rule set that does not load and
     ``redis.RedisError`` when Redis does not answer.
     """
-    import connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
     from redis import Redis
 
+    import connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
     from connectors.alert_store import AlertStore
     from connectors.redis_state import RedisState
     from rules.loader import load_rules

@@ -32,6 +32,7 @@ from connectors.focus import (
     price_book_lines,
     read_rows,
 )
+from connectors.kafka import partition_of
 from rules.events import MAX_BATCH, UsageEvent, UtilizationEvent, dump_event
 from rules.prices import PriceBook, format_micro
 from rules.yaml_source import SourceInvalid
@@ -49,13 +50,6 @@ from streams.commands.produce_cmd import (
 
 DEFAULT_BATCH = 1000
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def partition_of(event_id: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner gives a message keyed by ``event_id``."""
-    from kafka.partitioner.default import murmur2  # kafka-python loads slowly: not for --help
-
-    return int(murmur2(event_id.encode()) & 0x7FFFFFFF) % partitions
 
 
 @dataclass

@@ -24,7 +24,13 @@ from kafka.errors import KafkaError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from connectors.kafka import KafkaUnavailable, TopicError, api_versions, producer
+from connectors.kafka import (
+    KafkaUnavailable,
+    TopicError,
+    api_versions,
+    partition_of,
+    producer,
+)
 from rules.events import MAX_BATCH, Parsed, parse_message
 from streams.cli import settings_of
 from streams.commands import command_group
@@ -107,32 +113,38 @@ def check_line(raw: bytes, forced: str | None = None) -> Accepted | tuple[str, s
 
 @dataclass
 class Batcher:
-    """Groups single events into JSON-array messages of ``size`` events, per topic.
+    """Groups single events into JSON-array messages of ``size`` events, per topic and per
+    partition of their ``event_id``.
 
-    A line that already is a batch is sent as it is: its producer chose its size.
+    A batch is keyed by its first event's id, so every event of it lands on the partition its
+    own id would have gone to alone: a later resend of any of them, batched differently or
+    not at all, meets the first copy's dedup memory there. ``partitions`` gives a topic's
+    partition count. A line that already is a batch is sent as it is: its producer chose.
     """
 
     size: int
-    pending: dict[str, list[Accepted]] = field(default_factory=dict)
+    partitions: Callable[[str], int] = lambda topic: 1
+    pending: dict[tuple[str, int], list[Accepted]] = field(default_factory=dict)
 
     def add(self, line: Accepted) -> Iterator[Message]:
         if line.batch or self.size == 1:
             yield Message(line.topic, line.first_id.encode(), line.raw, line.events)
             return
-        waiting = self.pending.setdefault(line.topic, [])
+        where = (line.topic, partition_of(line.first_id, self.partitions(line.topic)))
+        waiting = self.pending.setdefault(where, [])
         waiting.append(line)
         if len(waiting) >= self.size:
-            yield self._take(line.topic)
+            yield self._take(where)
 
     def flush(self) -> Iterator[Message]:
-        for topic in list(self.pending):
-            if self.pending[topic]:
-                yield self._take(topic)
+        for where in sorted(self.pending):
+            if self.pending[where]:
+                yield self._take(where)
 
-    def _take(self, topic: str) -> Message:
-        lines = self.pending.pop(topic)
+    def _take(self, where: tuple[str, int]) -> Message:
+        lines = self.pending.pop(where)
         value = b"[" + b",".join(line.raw for line in lines) + b"]"
-        return Message(topic, lines[0].first_id.encode(), value, len(lines))
+        return Message(where[0], lines[0].first_id.encode(), value, len(lines))
 
 
 def read_lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes, int]]:
@@ -207,9 +219,10 @@ def produce_lines(
     forced: str | None = None,
     batch: int = 1,
     advance: Callable[[int], None] = lambda _: None,
+    partitions: Callable[[str], int] = lambda topic: 1,
 ) -> None:
     """Validate every line of every source, hand accepted messages to ``send``."""
-    batcher = Batcher(batch)
+    batcher = Batcher(batch, partitions)
     for name, stream in sources:
         for number, raw, size in read_lines(stream):
             checked = check_line(raw, forced)
@@ -353,7 +366,8 @@ def register(app: typer.Typer) -> None:
                 try:
                     forced = topic.value if topic else None
                     produce_lines(sources, send, summary, forced=forced, batch=batch,
-                                  advance=advance)
+                                  advance=advance,
+                                  partitions=lambda t: len(client.partitions_for(names[t])))
                 finally:
                     _finish(client, summary)
         if as_json:

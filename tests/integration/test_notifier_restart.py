@@ -1,19 +1,24 @@
 """kill -9 of the worker while its notifier is sending: after a restart no alert is lost, and
 every message Slack shows twice is one the ledger counted as ambiguous (Slack may have accepted
-a request whose answer died with the process)."""
+a request whose answer died with the process). A notifier stopped before its request left is
+not in doubt: nothing reached Slack, so nothing is counted or marked as sent again."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from connectors.slack_ledger import SlackLedger
 from connectors.slack_render import AlertChange
+from connectors.slack_sender import AMBIGUOUS_MARK, SlackNotifier
 from connectors.slack_server import DEFAULT_TOKEN, LocalSlack, LocalSlackThread
 from rules.engine import alert_id
 from streams.settings import Settings
@@ -143,6 +148,69 @@ def test_a_worker_killed_mid_burst_loses_nothing_and_every_duplicate_is_counted(
     accepted = ledger.sent_ts()
     assert accepted <= shown, "every message the ledger recorded is in Slack"
     duplicates = len(shown - accepted)
-    print("DEBUG", at_kill, len(shown), len(accepted), duplicates, ledger.ambiguous(), len(published))
     assert duplicates <= ledger.ambiguous(), (
         f"{duplicates} message(s) sent twice, {ledger.ambiguous()} counted as ambiguous")
+
+
+# ── a notifier stopped before its request left ───────────────────────────────────────────
+
+NOVEMBER = {"start": "2026-11-01T00:00:00Z", "end": "2026-12-01T00:00:00Z"}
+
+
+def change(line: str, value: str, at: str) -> dict[str, Any]:
+    group = {"team": "pretrain"}
+    return {
+        "alert_id": alert_id("team-monthly", group), "rule": "team-monthly", "kind": "budget",
+        "severity": "warning", "state": "firing", "previous_state": "firing", "group": group,
+        "since": "2026-11-30T08:00:00Z", "at": at, "value": value,
+        "threshold": "8000.000000" if line == "warn_80" else "10000.000000", "line": line,
+        "lines": [{"name": "warn_80", "value": "8000.000000"},
+                  {"name": "limit", "value": "10000.000000"}],
+        "currency": "USD", "unit": "currency", "period": NOVEMBER, "forecast": None,
+        "rate_per_hour": None, "top": [], "faults": None, "reclaim": None,
+        "notify": {"slack": "#ml-budgets", "route_by_tag": None, "channel": "#ml-budgets"},
+        "mode": "live", "summary": "team=pretrain is past a line of its November budget.",
+    }
+
+
+@pytest.fixture
+async def local_slack() -> AsyncIterator[LocalSlack]:
+    async with LocalSlack(channels=["ml-budgets", "costline-alerts"]) as server:
+        yield server
+
+
+@pytest.fixture
+async def slack_ledger(redis_url: str, namespace: str) -> AsyncIterator[SlackLedger]:
+    client = aioredis.from_url(redis_url)
+    yield SlackLedger(client, namespace)
+    await client.aclose()
+
+
+async def test_a_notifier_stopped_while_pacing_leaves_nothing_in_doubt(
+        local_slack: LocalSlack, slack_ledger: SlackLedger) -> None:
+    def notifier() -> SlackNotifier:
+        return SlackNotifier(token=DEFAULT_TOKEN, ledger=slack_ledger,
+                             fallback_channel="#costline-alerts", base_url=local_slack.url,
+                             min_interval_s=30.0)
+
+    escalation = change("limit", "10240.000000", "2026-11-30T11:00:00Z")
+    async with notifier() as first:
+        await first.deliver([change("warn_80", "8123.450000", "2026-11-30T08:05:00Z")])
+        sending = asyncio.create_task(first.deliver([escalation]))
+        while not local_slack.calls_to("chat.update"):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert not sending.done(), "the reply waits for the channel's pace"
+        sending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+    assert len(local_slack.calls_to("chat.postMessage")) == 1, "the reply never left"
+
+    async with notifier() as restarted:
+        [delivery] = await restarted.deliver([escalation])
+    [root] = local_slack.messages("ml-budgets")
+    assert delivery.outcome == "updated"
+    assert [r.text for r in root.replies] == [
+        ":warning: Escalated from warn_80 to *limit*: $10,240.00 crossed limit ($10,000.00)."]
+    assert AMBIGUOUS_MARK not in root.replies[0].text
+    assert "ambiguous" not in await slack_ledger.counts()

@@ -105,3 +105,18 @@ def test_summary_counts_only_acknowledged_messages() -> None:
     data = summary.as_dict()
     assert (data["sent_events"], data["sent_messages"], data["failed_messages"]) == (3, 1, 1)
     assert data["topics"] == {"ns.usage.v1": {"events": 3, "messages": 1}}
+
+
+def test_batches_hold_only_events_of_their_key_partition() -> None:
+    from connectors.kafka import partition_of
+
+    batcher = Batcher(5, partitions=lambda topic: 6)
+    sent = []
+    for i in range(60):
+        line = Accepted("usage", f"u-{i}", 1, False, raw(usage(f"u-{i}")))
+        sent += list(batcher.add(line))
+    sent += list(batcher.flush())
+    assert sum(m.events for m in sent) == 60
+    for message in sent:
+        ids = [event["event_id"] for event in json.loads(message.value)]
+        assert {partition_of(i, 6) for i in ids} == {partition_of(message.key.decode(), 6)}
