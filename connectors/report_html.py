@@ -343,8 +343,8 @@ def _budget_line(plot: _Plot, line: BudgetLine, currency: str) -> str:
         _tag("line", {"class": f"rule-line {kind}", "x1": f"{plot.left:.1f}",
                       "x2": f"{plot.width - plot.right:.1f}", "y1": f"{y:.1f}", "y2": f"{y:.1f}"},
              _tag("title", {}, _text(f"{_line_words(line.name)}: {_money(line.amount, currency)}")))
-        + _tag("text", {"class": f"line-label {kind}", "x": f"{plot.width - plot.right - 4:.1f}",
-                        "y": f"{y - 4:.1f}", "text-anchor": "end"}, _text(label))
+        + _tag("text", {"class": f"line-label {kind}", "x": f"{plot.left + 6:.1f}",
+                        "y": f"{y - 4:.1f}"}, _text(label))
     )
 
 

@@ -151,6 +151,12 @@ class ChannelPacer:
                 await asyncio.sleep(delay)
             self._next[channel] = self._clock() + self._interval_s
 
+    def sent(self, channel: str) -> None:
+        """A message leaves now: the next one waits a full interval from here, however long
+        the caller took between its turn and the request."""
+        self._next[channel] = max(self._next.get(channel, 0.0),
+                                  self._clock() + self._interval_s)
+
     def alias(self, name: str, channel_id: str) -> None:
         """A channel first posted to by name is paced by its id from then on."""
         self._next[channel_id] = max(self._next.get(channel_id, 0.0),
@@ -472,6 +478,7 @@ class SlackNotifier:
             params["blocks"] = blocks
         if thread_ts:
             params["thread_ts"] = thread_ts
+        self._pacer.sent(self._channel_ids.get(channel, channel))
         try:
             answer = await self._call("chat.postMessage", **params)
         except SlackRefused as exc:

@@ -1,13 +1,17 @@
-"""The Faust application: one agent that folds usage and fault messages into Redis.
+"""The Faust application: the worker's agents, timers and pages, wired from the settings.
 
-Topics carry raw bytes and the agent decodes them itself (``rules.events.parse_message``), so
-a bad message becomes a dead letter instead of an exception inside Faust. The agent takes
-messages in batches (``take_events``): one Redis script call per partition per batch is what
-makes the pipeline fast, and Faust acknowledges a batch only after the call returned.
+Topics carry raw bytes and the aggregation agent decodes them itself
+(``rules.events.parse_message``), so a bad message becomes a dead letter instead of an
+exception inside Faust. The agent takes messages in batches (``take_events``): one Redis script
+call per partition per batch is what makes the pipeline fast, and Faust acknowledges a batch
+only after the call returned.
 
 Where to resume a partition is decided by Redis, not by Kafka's committed offsets: when a
 rebalance completes, and before Faust seeks to the committed offsets, the worker commits the
 offset after each partition's Redis watermark, so Faust's own seek lands exactly there.
+
+The rule engine and reclamation run on the Faust leader only (one worker of the group), so two
+workers never race on the alert book or on a release.
 """
 
 from __future__ import annotations
@@ -15,15 +19,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
-
-import connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
 from faust.types import TP
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
+import connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
 from connectors.alert_store import AlertStore
 from connectors.kafka import KafkaUnavailable, api_versions
 from connectors.redis_apply import BatchWriter
@@ -37,22 +41,23 @@ from streams.evaluator import Evaluator, RuleSource
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
-from streams.reclaimer import ReclaimActions, build_reclaimer
+from streams.reclaimer import ReclaimActions, Reclaimer, build_reclaimer
 from streams.settings import Settings
 
 log = logging.getLogger("costline.worker")
 
 SOURCES = {"usage": "usage", "faults": "faults"}
+Send = Callable[[bytes, bytes], Awaitable[None]]
 
 
 def faust_broker(bootstrap: str) -> list[str]:
     return [f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()]
 
 
-def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
+def faust_app(settings: Settings) -> faust.App:
     datadir = settings.state_dir / "faust" / settings.namespace
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
-    app = faust.App(
+    return faust.App(
         f"{settings.namespace}-aggregator",
         broker=faust_broker(settings.kafka_bootstrap),
         store="memory://",
@@ -71,161 +76,169 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
         broker_commit_every=max(10_000, settings.batch_messages * 4),
         web_in_thread=False,
     )
-    metrics, health = Metrics(), Health()
-    topics = {settings.topic(name): short for name, short in SOURCES.items()}
-    source = app.topic(*topics, value_serializer="raw", key_serializer="raw")
-    dlq = app.topic(settings.topic("dlq"), value_serializer="raw", key_serializer="raw")
-    redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5,
-                           health_check_interval=15)
 
-    async def send_dead_letter(key: bytes, value: bytes) -> None:
-        await app.producer.send_and_wait(dlq.get_topic_name(), key, value, partition=None,
-                                         timestamp=None, headers=None)
 
-    async def seek(topic: str, partition: int, offset: int) -> None:
-        await app.consumer.seek(TP(topic, partition), offset)
+class Wiring:
+    """Builds the worker one concern at a time, on one Faust app and shared clients."""
 
-    prices = PriceBook.load(settings.prices)
-    alerts = app.topic(settings.topic("alerts"), value_serializer="raw", key_serializer="raw")
-    sync_redis = SyncRedis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.app = faust_app(settings)
+        self.metrics, self.health = Metrics(), Health()
+        self.prices = PriceBook.load(settings.prices)
+        self.redis = Redis.from_url(settings.redis_url, socket_timeout=10,
+                                    socket_connect_timeout=5, health_check_interval=15)
+        self.sync_redis = SyncRedis.from_url(settings.redis_url, socket_timeout=10,
+                                             socket_connect_timeout=5)
 
-    async def publish_alert(key: bytes, value: bytes) -> None:
-        await app.producer.send_and_wait(alerts.get_topic_name(), key, value, partition=None,
-                                         timestamp=None, headers=None)
+    def topic(self, name: str) -> Any:
+        return self.app.topic(self.settings.topic(name), value_serializer="raw",
+                              key_serializer="raw")
 
-    evaluator = Evaluator(
-        source=RuleSource(settings.rules, settings.timezone, prices, health),
-        state=RedisState(sync_redis, settings.namespace, settings.timezone),
-        store=AlertStore(sync_redis, settings.namespace),
-        publish=publish_alert,
-        metrics=metrics,
-        tick_s=settings.rules_tick_s,
-    )
+    def sender(self, name: str) -> Send:
+        """Send to an output topic and wait for Kafka's acknowledgement."""
+        topic_name = self.settings.topic(name)
 
-    aggregator = Aggregator(
-        namespace=settings.namespace,
-        sources=topics,
-        writer=BatchWriter(redis, settings.namespace, Calendar(settings.timezone),
-                           settings.dedup_horizon_s),
-        folder=Folder(prices),
-        send_dead_letter=send_dead_letter,
-        seek=seek,
-        metrics=metrics,
-        health=health,
-    )
-    _describe(metrics, app, aggregator)
+        async def send(key: bytes, value: bytes) -> None:
+            await self.app.producer.send_and_wait(topic_name, key, value, partition=None,
+                                                  timestamp=None, headers=None)
+        return send
 
-    @app.agent(source, concurrency=1)
-    async def aggregate(stream: Any) -> None:
-        async for events in stream.take_events(settings.batch_messages,
-                                               within=settings.batch_within_s):
-            await aggregator.handle([event.message for event in events])
+    def every(self, seconds: float, name: str, step: Callable[[], Awaitable[Any]], *,
+              on_leader: bool = False) -> None:
+        """A timer whose failures are reported and retried on its next run, never fatal."""
+        async def run() -> None:
+            try:
+                await step()
+            except REDIS_DOWN as exc:
+                self.health.failing("redis", exc)
+            except Exception:  # noqa: BLE001 - one failed round must not stop the worker
+                self.metrics.inc(f"{name}_errors_total")
+                log.exception("%s failed", name)
+        run.__name__ = run.__qualname__ = name
+        self.app.timer(interval=seconds, on_leader=on_leader)(run)
 
-    @app.on_rebalance_complete.connect
-    async def resume_from_redis(sender: Any, **kwargs: Any) -> None:
-        assigned = [(tp.topic, tp.partition) for tp in app.consumer.assignment()]
-        owned = set(assigned)
-        aggregator.on_revoked([tp for tp in aggregator.partitions if tp not in owned])
-        resume = await aggregator.on_assigned(assigned)
-        if resume:
-            # Faust seeks to the committed offsets right after this signal.
-            await app.consumer._commit({TP(t, p): o for (t, p), o in resume.items()})
-            log.info("resuming %d partitions from Redis watermarks", len(resume))
+    # -- concerns ---------------------------------------------------------------------
 
-    actions = app.topic(settings.topic("actions"), value_serializer="raw", key_serializer="raw")
+    def aggregation(self) -> Aggregator:
+        settings, app = self.settings, self.app
+        sources = {settings.topic(name): short for name, short in SOURCES.items()}
 
-    async def publish_action(record: dict[str, Any]) -> None:
-        await app.producer.send_and_wait(actions.get_topic_name(),
-                                         str(record.get("action_id", "")).encode(),
-                                         json.dumps(record, separators=(",", ":")).encode(),
-                                         partition=None, timestamp=None, headers=None)
+        async def seek(topic: str, partition: int, offset: int) -> None:
+            await app.consumer.seek(TP(topic, partition), offset)
 
-    reclaimer = build_reclaimer(settings, rules=evaluator.source.rules, sink=publish_action)
-    notifier = build_notifier(settings, redis)
+        aggregator = Aggregator(
+            namespace=settings.namespace, sources=sources,
+            writer=BatchWriter(self.redis, settings.namespace, Calendar(settings.timezone),
+                               settings.dedup_horizon_s),
+            folder=Folder(self.prices), send_dead_letter=self.sender("dlq"), seek=seek,
+            metrics=self.metrics, health=self.health,
+        )
+        source = app.topic(*sources, value_serializer="raw", key_serializer="raw")
 
-    @app.agent(alerts, concurrency=1)
-    async def notify(stream: Any) -> None:
-        async for events in stream.take_events(200, within=2.0):
-            await deliver_until_done(notifier, [e.message.value for e in events], metrics,
-                                     health)
+        @app.agent(source, concurrency=1)
+        async def aggregate(stream: Any) -> None:
+            async for events in stream.take_events(settings.batch_messages,
+                                                   within=settings.batch_within_s):
+                await aggregator.handle([event.message for event in events])
 
-    buttons = build_actions_handler(settings, redis, evaluator.store, notifier,
-                                    reclaim=ReclaimActions(reclaimer))
-    if buttons is not None:
-        add_actions_route(app.web.web_app, buttons)
+        @app.on_rebalance_complete.connect
+        async def resume_from_redis(sender: Any, **kwargs: Any) -> None:
+            assigned = [(tp.topic, tp.partition) for tp in app.consumer.assignment()]
+            owned = set(assigned)
+            aggregator.on_revoked([tp for tp in aggregator.partitions if tp not in owned])
+            resume = await aggregator.on_assigned(assigned)
+            if resume:
+                # Faust seeks to the committed offsets right after this signal.
+                await app.consumer._commit({TP(t, p): o for (t, p), o in resume.items()})
+                log.info("resuming %d partitions from Redis watermarks", len(resume))
 
-    @app.timer(interval=2.0, on_leader=True)
-    async def evaluate_rules() -> None:
-        """Only the leader evaluates; a failure is reported and retried on the next tick."""
-        try:
+        self.metrics.gauge("consumer_lag", lambda: self._lag(aggregator))
+        return aggregator
+
+    def alerting(self) -> Evaluator:
+        settings = self.settings
+        return Evaluator(
+            source=RuleSource(settings.rules, settings.timezone, self.prices, self.health),
+            state=RedisState(self.sync_redis, settings.namespace, settings.timezone),
+            store=AlertStore(self.sync_redis, settings.namespace),
+            publish=self.sender("alerts"), metrics=self.metrics, tick_s=settings.rules_tick_s,
+        )
+
+    def reclamation(self, evaluator: Evaluator) -> Reclaimer:
+        send = self.sender("actions")
+
+        async def publish(record: dict[str, Any]) -> None:
+            await send(str(record.get("action_id", "")).encode(),
+                       json.dumps(record, separators=(",", ":")).encode())
+
+        reclaimer = build_reclaimer(self.settings, rules=evaluator.source.rules, sink=publish)
+
+        async def evaluate() -> None:
             evaluation = await evaluator.step()
             if evaluation is not None:
                 await reclaimer.submit(evaluation.findings, evaluation.at)
-        except REDIS_DOWN as exc:
-            health.failing("redis", exc)
-        except Exception:  # noqa: BLE001 - one bad evaluation must not stop the worker
-            metrics.inc("evaluation_errors_total")
-            log.exception("rule evaluation failed")
 
-    @app.timer(interval=15.0, on_leader=True)
-    async def follow_reclaim_plans() -> None:
-        """Grace periods end, plans are re-verified and released with time alone."""
-        try:
-            await reclaimer.tick()
-        except REDIS_DOWN as exc:
-            health.failing("redis", exc)
-        except Exception:  # noqa: BLE001 - a failed round is retried on the next tick
-            metrics.inc("reclaim_errors_total")
-            log.exception("reclamation round failed")
+        self.every(2.0, "evaluation", evaluate, on_leader=True)
+        # Grace periods end, plans are re-verified and released with time alone.
+        self.every(15.0, "reclaim", reclaimer.tick, on_leader=True)
+        return reclaimer
 
-    @app.timer(interval=2.0)
-    async def probe_redis() -> None:
-        """An idle worker makes no Redis calls; this makes a Redis outage visible anyway."""
-        try:
-            await asyncio.wait_for(redis.ping(), timeout=2.0)
-        except (*REDIS_DOWN, asyncio.TimeoutError) as exc:
-            health.failing("redis", exc)
-        else:
-            health.recovered("redis")
+    def slack(self, evaluator: Evaluator, reclaimer: Reclaimer) -> None:
+        notifier = build_notifier(self.settings, self.redis)
+        metrics, health = self.metrics, self.health
 
-    @app.timer(interval=5.0)
-    async def probe_kafka() -> None:
-        """Faust reconnects to Kafka on its own; this only makes an outage visible."""
-        try:
-            await asyncio.to_thread(api_versions, settings.kafka_bootstrap, 2.0)
-        except KafkaUnavailable as exc:
-            health.failing("kafka", str(exc))
-        else:
-            health.recovered("kafka")
+        @self.app.agent(self.topic("alerts"), concurrency=1)
+        async def notify(stream: Any) -> None:
+            async for events in stream.take_events(200, within=2.0):
+                await deliver_until_done(notifier, [e.message.value for e in events], metrics,
+                                         health)
 
-    @app.page("/healthz")
-    async def healthz(web: Any, request: Any) -> Any:
-        return web.json(health.report(), status=200 if health.ok else 503)
+        buttons = build_actions_handler(self.settings, self.redis, evaluator.store, notifier,
+                                        reclaim=ReclaimActions(reclaimer))
+        if buttons is not None:
+            add_actions_route(self.app.web.web_app, buttons)
 
-    @app.page("/metrics")
-    async def metrics_page(web: Any, request: Any) -> Any:
-        return web.text(metrics.render(), content_type="text/plain; version=0.0.4")
+    def probes(self) -> None:
+        """An idle worker makes no Redis or Kafka calls of its own: these make an outage
+        visible in ``/healthz`` anyway (Faust reconnects to Kafka by itself)."""
+        health, settings = self.health, self.settings
 
-    return app, aggregator
+        async def redis_answers() -> None:
+            try:
+                await asyncio.wait_for(self.redis.ping(), timeout=2.0)
+            except (TimeoutError, *REDIS_DOWN) as exc:
+                health.failing("redis", exc)
+            else:
+                health.recovered("redis")
 
+        async def kafka_answers() -> None:
+            try:
+                await asyncio.to_thread(api_versions, settings.kafka_bootstrap, 2.0)
+            except KafkaUnavailable as exc:
+                health.failing("kafka", str(exc))
+            else:
+                health.recovered("kafka")
 
-def _describe(metrics: Metrics, app: faust.App, aggregator: Aggregator) -> None:
-    metrics.describe("messages_total", "input messages taken from Kafka")
-    metrics.describe("events_total", "events counted into Redis")
-    metrics.describe("rejected_total", "input messages sent to the dead-letter topic, by reason")
-    metrics.describe("batches_total", "Redis batch writes applied")
-    metrics.describe("events_duplicate_total", "events ignored because their id was counted")
-    metrics.describe("messages_replayed_total", "messages skipped as already applied")
-    metrics.describe("redis_apply_seconds", "latency of one batch write to Redis")
-    metrics.describe("evaluations_total", "rule evaluations run")
-    metrics.describe("alert_changes_total", "alert state changes published")
-    metrics.describe("evaluation_seconds", "latency of one evaluation of every rule")
+        self.every(2.0, "redis_probe", redis_answers)
+        self.every(5.0, "kafka_probe", kafka_answers)
 
-    def lag() -> dict[tuple[tuple[str, str], ...], float]:
+    def pages(self) -> None:
+        health, metrics = self.health, self.metrics
+
+        @self.app.page("/healthz")
+        async def healthz(web: Any, request: Any) -> Any:
+            return web.json(health.report(), status=200 if health.ok else 503)
+
+        @self.app.page("/metrics")
+        async def metrics_page(web: Any, request: Any) -> Any:
+            return web.text(metrics.render(), content_type="text/plain; version=0.0.4")
+
+    def _lag(self, aggregator: Aggregator) -> dict[tuple[tuple[str, str], ...], float]:
         out = {}
         for (topic, partition), state in aggregator.partitions.items():
             try:
-                high = app.consumer.highwater(TP(topic, partition))
+                high = self.app.consumer.highwater(TP(topic, partition))
             except Exception:  # noqa: BLE001 - no highwater before the first fetch
                 continue
             if high is not None:
@@ -233,4 +246,32 @@ def _describe(metrics: Metrics, app: faust.App, aggregator: Aggregator) -> None:
                 out[labels] = float(max(0, high - state.applied - 1))
         return out
 
-    metrics.gauge("consumer_lag", lag)
+
+def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
+    """The whole worker: aggregation, alerting, reclamation, Slack, probes and pages."""
+    wiring = Wiring(settings)
+    aggregator = wiring.aggregation()
+    evaluator = wiring.alerting()
+    reclaimer = wiring.reclamation(evaluator)
+    wiring.slack(evaluator, reclaimer)
+    wiring.probes()
+    wiring.pages()
+    _describe(wiring.metrics)
+    return wiring.app, aggregator
+
+
+def _describe(metrics: Metrics) -> None:
+    for name, text in {
+        "messages_total": "input messages taken from Kafka",
+        "events_total": "events counted into Redis",
+        "rejected_total": "input messages sent to the dead-letter topic, by reason",
+        "batches_total": "Redis batch writes applied",
+        "events_duplicate_total": "events ignored because their id was counted",
+        "messages_replayed_total": "messages skipped as already applied",
+        "redis_apply_seconds": "latency of one batch write to Redis",
+        "evaluations_total": "rule evaluations run",
+        "alert_changes_total": "alert state changes published",
+        "evaluation_seconds": "latency of one evaluation of every rule",
+        "consumer_lag": "input messages not yet applied to Redis",
+    }.items():
+        metrics.describe(name, text)
