@@ -230,7 +230,7 @@ def _budget_figure(chart: BudgetChart, currency: str) -> str:
             f"{len(chart.groups)} are in the table."))
     return _figure(caption, "".join((
         _budget_svg(chart, drawn, currency),
-        _legend(chart, drawn),
+        _legend(drawn),
         note,
         _budget_table(chart, currency),
     )))
@@ -412,7 +412,7 @@ def _midnight(day: date, tz: ZoneInfo) -> float:
     return datetime.combine(day, time(), tz).timestamp()
 
 
-def _legend(chart: BudgetChart, drawn: Sequence[BudgetGroup]) -> str:
+def _legend(drawn: Sequence[BudgetGroup]) -> str:
     items = [
         _tag("li", {}, _tag("span", {"class": "swatch", "style": f"background:{colour}"}, "")
              + _text(_group_label(group.labels)))
@@ -451,8 +451,8 @@ def _waste_section(report: Report) -> str:
             for item in report.waste]
     title = f"Waste by fault type, {report.currency}, with its share of spend"
     head = ("fault", f"waste ({report.currency})", "share of spend")
-    rows = [(bar.label, format_micro(bar.amount), bar.note.removesuffix(" of spend"))
-            for bar in bars]
+    rows = [(item.label, format_micro(item.amount), _share(item.amount, spend))
+            for item in report.waste]
     total = _money(report.totals.waste, report.currency)
     intro = _tag("p", {}, _text(
         f"{total} of work redone or waited for after faults: "

@@ -140,7 +140,7 @@ class Demo:
             return
         from connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread
 
-        slack = LocalSlackThread(self._channels(), echo=True)
+        slack = LocalSlackThread(self._channels(), echo=not self.quiet)
         env.update(SLACK_API_URL=slack.start(), SLACK_BOT_TOKEN=DEFAULT_TOKEN)
         self.say("Slack messages below come from a local Slack-compatible server.")
         try:

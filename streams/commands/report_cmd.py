@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import typer
 
 from streams.commands import command_group
 
+if TYPE_CHECKING:
+    from rules.durations import Period
+
 PERIODS = ("day", "week", "month")
 DEFAULT_BY = "team,project,job"
+
+
+def _period(period: str) -> Period:
+    if period not in PERIODS:
+        raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
+    return cast("Period", period)
 
 
 def _moment(at: str | None) -> float:
@@ -61,9 +71,7 @@ def register(app: typer.Typer) -> None:
         from streams.report import ReportRequest, gather
 
         settings = settings_of(ctx)
-        if period not in PERIODS:
-            raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
-        request = ReportRequest(period=period, at=_moment(at), now=time.time(),  # type: ignore[arg-type]
+        request = ReportRequest(period=_period(period), at=_moment(at), now=time.time(),
                                 zone=settings.timezone, by=_keys(by))
         try:
             page = render(gather(settings, request))
@@ -75,6 +83,10 @@ def register(app: typer.Typer) -> None:
         except RedisError as exc:
             typer.echo(f"costline report: Redis did not answer: {exc}", err=True)
             raise typer.Exit(1) from exc
-        _write(page, html)
+        try:
+            _write(page, html)
+        except OSError as exc:
+            typer.echo(f"costline report: cannot write {html}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(1) from exc
         if str(html) != "-":
             typer.echo(f"report written to {html} ({len(page.encode())} bytes)")
