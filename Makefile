@@ -45,3 +45,11 @@ stack-down: $(BIN)/costline
 lint: $(BIN)/pytest
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The chaos run at full size (bench/chaos.py): restarts Kafka and Redis of the running Apache
+# Kafka stack (STATE_DIR=..., else $COSTLINE_STATE_DIR) and writes docs/RELIABILITY.md.
+.PHONY: chaos
+chaos: $(BIN)/costline
+	$(BIN)/python bench/chaos.py --events 1000000 --malformed 10000 --kills 20 \
+	    --redis-restarts 3 --kafka-restarts 3 --rebalances 3 --rate 1200 $(STATE_ARG) \
+	    --write-doc docs/RELIABILITY.md

@@ -11,12 +11,12 @@ start a stack of its own for it::
         --state-dir /tmp/chaos-stack
 
 Two ``costline worker`` processes share one consumer group on a 4-partition input topic, with
-a rule file (a budget per team that fires and escalates on the stream's own spend, and an idle
-rule that reclaims with the ``dry_run`` connector in ``mode: live``) and a local Slack server.
-A producer thread streams usage events at a steady rate: single events and 100-event batches,
-about 5% resent with the same ``event_id`` and key, malformed messages mixed in, and the
-utilization samples of a few idle GPU boxes (and one busy one). Meanwhile a fault driver, at
-random moments, kills a worker with SIGKILL and restarts it, restarts Redis, restarts the
+a rule file (a budget per team and env that fires and escalates on the stream's spend, and an
+idle rule that reclaims with the ``dry_run`` connector in ``mode: live``) and a local Slack
+server. A producer thread streams usage events at a steady rate: single events and 100-event
+batches, about 5% resent with the same ``event_id`` and key, malformed messages mixed in, and
+the utilization samples of a few idle GPU boxes (and one busy one). Meanwhile a fault driver,
+at random moments, kills a worker with SIGKILL and restarts it, restarts Redis, restarts the
 Kafka broker, and adds a third worker to the group and later removes it.
 
 When the stream is consumed it checks, and prints with the figures (events, messages, each
@@ -93,6 +93,7 @@ BACKFILL_S = 180
 BUDGET_SHARE = 0.6  # a team's budget line, as a share of the team's expected spend
 KILL_PAUSE_S = 2.0  # at most this long between a SIGKILL and the restart
 MIN_FAULT_GAP_S = 2.0
+JOIN_TIMEOUT_S = 120.0
 SAMPLE_INTERVAL_S = 0.5
 DRAIN_TIMEOUT_S = 900.0
 SETTLE_TIMEOUT_S = 180.0
@@ -106,6 +107,7 @@ DIMENSIONS = ("team", "job", "env", "project", "owner", "cluster", "category",
 PROJECTS = {"pretrain": "llm-70b", "posttrain": "assistant-v3", "eval": "evals",
             "infra": "platform"}
 OWNERS = ("alice", "bob", "chen", "dana", "eve", "farid")
+ENVS = ("prod", "dev")  # as ``usage_event`` draws them
 FAULT_KINDS = ("kill", "redis", "kafka", "join", "leave")
 EXERCISES = {
     "kill": "SIGKILL of a worker at any point: mid-batch, between a Redis write and the Kafka "
@@ -154,7 +156,7 @@ class Config:
     redis_restarts: int = 2
     kafka_restarts: int = 2
     rebalances: int = 2
-    rate: float = 1000.0  # events per second
+    rate: float = 800.0  # events per second
     seed: int = 1
     state_dir: Path | None = None
     namespace: str | None = None
@@ -293,7 +295,6 @@ class StreamFigures:
     resent_messages: int = 0
     resent_events: int = 0
     malformed: int = 0
-    samples: int = 0
 
 
 class EventStream:
@@ -436,7 +437,7 @@ class Producer(threading.Thread):
         self.malformed_acked: list[bytes] = []
         self.malformed_retried = 0
         self.retry: deque[Outgoing] = deque()
-        self.started_at = self.finished_at = 0.0
+        self.finished_at = 0.0
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -445,7 +446,6 @@ class Producer(threading.Thread):
             linger_ms=20, batch_size=256 * 1024, delivery_timeout_ms=600_000,
             max_block_ms=300_000, retry_backoff_ms=200, allow_auto_create_topics=False)
         try:
-            self.started_at = time.time()
             self._pace(kafka)
             self._finish(kafka)
         except BaseException as exc:  # noqa: BLE001 - reported by the run
@@ -454,8 +454,8 @@ class Producer(threading.Thread):
             self.finished_at = time.time()
             kafka.close(timeout=30)
 
-    def send_now(self, items: Sequence[Outgoing]) -> None:
-        """Send outside the paced stream (the backfill) and wait for the acknowledgements."""
+    def send_now(self, items: Sequence[Outgoing]) -> tuple[int, ...]:
+        """Send outside the paced stream (the backfill); returns the acknowledged ends."""
         kafka = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all",
                               enable_idempotence=True)
         try:
@@ -465,6 +465,12 @@ class Producer(threading.Thread):
             kafka.flush(60)
         finally:
             kafka.close(timeout=30)
+        deadline = time.time() + 30
+        while self.acked < self.sent:  # the callbacks may run after the flush returned
+            if time.time() > deadline:
+                raise ChaosError("the first messages were never acknowledged")
+            time.sleep(0.05)
+        return self.acked_ends()
 
     def _pace(self, kafka: KafkaProducer) -> None:
         began = time.monotonic()
@@ -645,9 +651,10 @@ class FaultDriver:
     """Injects the planned faults one after the other, each at its moment or as soon as the
     previous one is over; a worker that exits by itself meanwhile is restarted."""
 
-    def __init__(self, cluster: Cluster, stack_dir: Path, rng: random.Random,
-                 began: float) -> None:
+    def __init__(self, cluster: Cluster, stack_dir: Path, rng: random.Random, began: float,
+                 members: Callable[[], int]) -> None:
         self.cluster, self.stack_dir, self.rng, self.began = cluster, stack_dir, rng, began
+        self.members = members
         self.faults: list[Fault] = []
         self.actions: dict[str, Callable[[], str]] = {
             "kill": self._kill, "redis": self._redis, "kafka": self._kafka,
@@ -689,8 +696,20 @@ class FaultDriver:
         return "kafka"
 
     def _join(self) -> str:
+        """Start the third worker and wait until the group counts it (a worker still
+        starting up when it is stopped again would force no rebalance)."""
         self.cluster.start("w3")
+        deadline = time.time() + JOIN_TIMEOUT_S
+        while time.time() < deadline and self._members() < 3:
+            self.cluster.revive()
+            time.sleep(0.5)
         return "w3"
+
+    def _members(self) -> int:
+        try:
+            return self.members()
+        except Exception:  # noqa: BLE001 - Kafka may be restarting
+            return 0
 
     def _leave(self) -> str:
         self.cluster.stop("w3")
@@ -750,7 +769,7 @@ def check_totals(env: Mapping[str, str], ledger: RunningLedger) -> Check:
             wrong += [f"{day} {'/'.join(by) or 'total'} {group}: costline {micro} µ, expected 0"
                       for group, micro in found.items() if group not in expected]
     total = sum(ledger.sums.values())
-    detail = (f"{compared} groups over {len(ledger.days())} day(s) and {len(GROUPINGS)} "
+    detail = (f"{compared:,} groups over {len(ledger.days())} day(s) and {len(GROUPINGS)} "
               f"groupings equal the independent sums (total {total / 1e6:,.6f} USD)"
               if not wrong else f"{len(wrong)} group(s) differ: " + "; ".join(wrong[:8]))
     return Check("totals", not wrong, detail, {"groups": compared, "total_micro": total,
@@ -767,8 +786,8 @@ def check_dead_letters(bootstrap: str, namespace: str, sent: Sequence[bytes],
     missing, extra = expected - found, found - expected
     foreign = sum(1 for letter in by_key.values() if letter["source_topic"] != source)
     ok = not missing and not extra and not foreign
-    detail = (f"{len(by_key)} dead letters (after deduplicating {len(records)} records by key) "
-              f"are exactly the {len(sent)} malformed messages")
+    detail = (f"{len(by_key):,} dead letters (after deduplicating {len(records):,} records by "
+              f"key) are exactly the {len(sent):,} malformed messages")
     if not ok:
         detail = (f"{sum(missing.values())} malformed message(s) missing, {sum(extra.values())} "
                   f"unexpected, {foreign} from another topic; e.g. missing "
@@ -884,6 +903,9 @@ class Report:
         counts = Counter(fault.kind for fault in self.faults)
         return {kind: counts[kind] for kind in FAULT_KINDS if counts[kind]}
 
+    def fault_summary(self) -> str:
+        return ", ".join(f"{n} {kind}" for kind, n in self.fault_counts().items())
+
     def render_text(self) -> str:
         f = self.figures
         lines = [
@@ -891,9 +913,11 @@ class Report:
             f"({f['malformed']:,} malformed, {f['resent_messages']:,} resent, "
             f"{f['batches']:,} batches of {BATCH_EVENTS}, {f['samples']:,} utilization "
             f"messages) at {f['rate']:,.0f} events/s",
-            f"duration {f['duration_s']:.0f}s: producing {f['produce_s']:.0f}s, draining "
-            f"{f['drain_s']:.0f}s after the last fault, settling {f['settle_s']:.0f}s",
-            f"faults: {self.fault_counts()}; workers that exited by themselves: "
+            f"duration {f['duration_s']:.0f}s: producing {f['produce_s']:.0f}s; caught up "
+            f"{f['drain_s']:.0f}s after the stream and the faults were over; alerts and "
+            f"reclamation settled {f['settle_s']:.0f}s later"
+            + ("" if f["settled"] else f" (not within {SETTLE_TIMEOUT_S:.0f}s)"),
+            f"faults: {self.fault_summary()}; workers that exited by themselves: "
             f"{len(self.exits)}",
             f"lag peak {self.lag_peak['lag']:,} messages at {self.lag_peak['t']:.0f}s",
             "",
@@ -954,6 +978,7 @@ def render_markdown(report: Report) -> str:
     checks = "\n".join(f"| {check.name} | {'pass' if check.ok else '**FAIL**'} | "
                        f"{check.detail} |" for check in report.checks)
     exercised = "\n".join(f"* **{kind}** — {EXERCISES[kind]}" for kind in FAULT_KINDS)
+    unsettled = "" if f["settled"] else " (not all of them: the checks ran anyway)"
     exits = ("none" if not report.exits else "; ".join(
         f"{e.worker} at {e.at:.0f}s (code {e.code})" for e in report.exits))
     return f"""# Reliability: the pipeline under chaos
@@ -980,21 +1005,23 @@ This page is written by the run (`--write-doc`); the figures below are from one 
   {len(BOXES)} GPU boxes ({sum(b.idle for b in BOXES)} idle, 1 busy); tags `team`, `project`,
   `job`, `owner`, `cluster`, `env`; event times up to {TS_SPREAD_S:.0f} s before sending.
 * Produced at a steady {f['rate']:,.0f} events/s for {f['produce_s']:.0f} s; total duration
-  {f['duration_s']:.0f} s (the workers had caught up {f['drain_s']:.0f} s after the last
-  fault; alerts and reclamation settled in {f['settle_s']:.0f} s more).
-* Rules: a daily budget per team (limit {f['budget_limit']} USD, warning at 50%), which fires
-  and escalates on the stream's own spend; an idle rule (`gpu_util` below 0.05 for 1 m) with
-  `reclaim: {{connector: dry_run, grace: 5s}}`, `mode: live`. Alerts go to a local Slack
-  server (`connectors/slack_server.py`).
-* Faults: {report.fault_counts()} (a `join`/`leave` pair adds a third worker to the group and
-  removes it). Workers that exited by themselves: {exits}.
+  {f['duration_s']:.0f} s. The workers had caught up {f['drain_s']:.0f} s after the stream
+  was sent and the last fault was over; every alert change had been handled and every idle
+  box's plan closed {f['settle_s']:.0f} s later{unsettled}.
+* Rules: a daily budget per team and env (limit {f['budget_limit']:,} USD, warning at 50%),
+  which fires and escalates on the stream's own spend; an idle rule (`gpu_util` below 0.05
+  for 1 m) with `reclaim: {{connector: dry_run, grace: 5s}}`, `mode: live`. Alerts go to a
+  local Slack server (`connectors/slack_server.py`).
+* Faults: {report.fault_summary()} (a `join` adds a third worker to the group, the next
+  `leave` removes it). Workers that exited by themselves: {exits}.
 * Lag peak: {report.lag_peak['lag']:,} messages, {report.lag_peak['t']:.0f} s into the run.
 
 ## Faults and recovery
 
 Times are seconds since the run started. *took* is how long the fault itself lasted (a killed
 worker is restarted after a random pause of up to {KILL_PAUSE_S:.0f} s; a restart of Redis or
-Kafka lasts until the service answers again). *resumed* is when every partition with work to do
+Kafka lasts until the service answers again; a join until the group counts the third worker; a
+leave until it has exited). *resumed* is when every partition with work to do
 had moved its Redis watermark past where it stood when the fault was over; *recovered* is when
 the consumer lag (acknowledged end offsets minus watermarks) was back within
 {f['tolerance']:,} messages (2 s of production) of its level before the fault; both count
@@ -1031,7 +1058,7 @@ not come before the next measurement ended (the figures are sampled every
 
 {m['cores']} cores ({m['cpu']}), {m['memory_mib']:,} MiB memory, {m['os']}, Python {m['python']},
 {m['kafka']} (KRaft, one node, log on disk), {m['redis']} (append-only file, fsync every
-second). Load average at the start: {m['load_at_start']} (the machine was shared).
+second). Load average (1, 5, 15 min) when the run started: {m['load_at_start']}.
 
 ## Reproduce
 
@@ -1055,7 +1082,7 @@ RULES = """\
 rules:
   - name: chaos-team-daily
     kind: budget
-    group_by: [team]
+    group_by: [team, env]
     period: day
     limit: {limit}
     warn_at: [0.5]
@@ -1076,12 +1103,12 @@ rules:
 
 
 def budget_limit(config: Config) -> int:
-    """A team's line: ``BUDGET_SHARE`` of its expected daily spend in this run, so that the
-    warning fires at about a third of the stream and the budget line later."""
+    """The budget line of a team and env: ``BUDGET_SHARE`` of its expected spend in this run,
+    so that the warning fires at about a third of the stream and the budget line later."""
     rng = random.Random(config.seed + 1)
     micro = [_expected(usage(rng, f"p{i}", time.time()), "cost")[0] or 0 for i in range(4000)]
-    per_team = sum(micro) / len(micro) * config.events / len(PROJECTS)
-    return max(1, int(per_team * BUDGET_SHARE / 1e6))
+    per_group = sum(micro) / len(micro) * config.events / (len(PROJECTS) * len(ENVS))
+    return max(1, int(per_group * BUDGET_SHARE / 1e6))
 
 
 class Run:
@@ -1106,6 +1133,7 @@ class Run:
         self.limit = budget_limit(config)
         self.cluster: Cluster | None = None
         self.marks: dict[str, float] = {}
+        self.settled_in_time = False
 
     # the phases
 
@@ -1114,7 +1142,8 @@ class Run:
         machine_info = machine(self.stack.redis_url, self.stack.kafka_log)
         try:
             cluster = self.prepare()
-            driver = FaultDriver(cluster, self.stack.state_dir, self.rng, self.began)
+            driver = FaultDriver(cluster, self.stack.state_dir, self.rng, self.began,
+                                 self.group_members)
             self.stream_with_faults(driver)
             self.drain(cluster)
             self.settle(cluster)
@@ -1135,11 +1164,11 @@ class Run:
         for name in ("w1", "w2"):
             self.cluster.start(name)
         self.monitor.start()
-        self.producer.send_now(self.sampler.backfill(time.time()))
-        self.wait(lambda: self.lag_now() == 0, 300, "the workers to consume the first samples",
+        first = self.producer.send_now(self.sampler.backfill(time.time()))
+        self.wait(lambda: self.reached(first), 300, "the workers to consume the first samples",
                   self.cluster)
         log(f"workers ready after {time.time() - self.began:.0f}s; budget line "
-            f"{self.limit} USD per team")
+            f"{self.limit} USD per team and env")
         return self.cluster
 
     def env(self, name: str, rules: Path, slack_url: str) -> dict[str, str]:
@@ -1179,9 +1208,10 @@ class Run:
         """Until every alert change was handled by the notifier, every idle box's plan is
         closed, and Slack has been quiet for a while (or ``SETTLE_TIMEOUT_S``)."""
         log("waiting for alerts and reclamation to settle")
-        settled = self.wait(self.settled, SETTLE_TIMEOUT_S, "", cluster, interval=2.0)
+        self.settled_in_time = self.wait(self.settled, SETTLE_TIMEOUT_S, "", cluster,
+                                         interval=2.0)
         self.marks["settled"] = time.time() - self.began
-        if not settled:
+        if not self.settled_in_time:
             log("alerts or reclamation did not settle; checking anyway")
 
     def settled(self) -> bool:
@@ -1232,16 +1262,18 @@ class Run:
 
     # helpers
 
+    def group_members(self) -> int:
+        group = f"{self.namespace}-aggregator"
+        client = admin(self.stack.bootstrap, timeout_s=5)
+        try:
+            return len(client.describe_groups([group]).get(group, {}).get("members") or [])
+        finally:
+            client.close()
+
     def reached(self, target: tuple[int, ...]) -> bool:
         applied = self.monitor.applied()
         return applied is not None and all(
             a >= t for a, t in zip(applied, target, strict=True))
-
-    def lag_now(self) -> int | None:
-        applied = self.monitor.applied()
-        if applied is None:
-            return None
-        return Sample(0, applied, self.producer.acked_ends()).lag
 
     def wait(self, condition: Callable[[], bool], timeout: float, what: str,
              cluster: Cluster, interval: float = 0.5) -> bool:
@@ -1288,6 +1320,7 @@ class Run:
             "rate": self.config.rate, "produce_s": round(produce_s, 1),
             "drain_s": round(marks["drained"] - marks["faults_end"], 1),
             "settle_s": round(marks["settled"] - marks["drained"], 1),
+            "settled": self.settled_in_time,
             "duration_s": round(time.time() - self.began, 1),
             "producer_send_failures": self.producer.failed,
             "tolerance": max(500, int(2 * messages / max(produce_s, 1.0))),

@@ -1,27 +1,32 @@
 """Throughput of the costline worker against its own ceilings, measured in one run.
 
     .venv/bin/python bench/throughput.py [--events N] [--tagsets N] [--partitions N] [--json]
-                                         [--profile py-spy|pyinstrument]
+        [--single-events N] [--batch-size N] [--without-rules] [--profile py-spy|pyinstrument]
+        [--save PATH]
 
 One data set of usage events (realistic shapes, Zipf-popular tag sets, timestamps over the
-last two days) is generated once and produced twice with kafka-python before anything is
-timed: once as single-event messages and once as batch messages of ``--batch-size`` events.
-Both copies put the same events in the same partitions in the same order (a message's
-partition follows its job tag), so Redis ends up with the same state either way.
+last two days) is generated once and produced with kafka-python before anything is timed:
+as single-event messages (the first ``--single-events`` events, default 100,000: Faust's
+per-message cost would make 1M single messages take ~15 minutes here) and as batch messages
+of ``--batch-size`` events (all of them). Both copies put the same events in the same
+partitions in the same order (a message's partition follows its job tag).
 
-Then, for each copy, three consumers read the same topic, each in a fresh subprocess, one
-after the other, timed from the first fetched message to the last one handled:
+Then, for each copy, three consumers read the same topic, each alone in a fresh subprocess,
+timed from the first fetched message to the last one handled:
 
 (a) ceiling: a plain aiokafka consumer calling ``rules.events.parse_message`` on every message;
-(b) Faust no-op: ``streams.app.build_app`` with the aggregator's ``handle`` replaced by a
-    no-op, so the Faust settings and the agent (``take_events``) are the worker's own;
+(b) Faust no-op: ``streams.app.build_app`` in its own consumer group with the aggregator's
+    ``handle`` replaced by a no-op, so Faust's settings and the agent (``take_events``) are the
+    worker's own (the rest of the app, e.g. its timers, runs too, over an empty namespace);
 (c) costline: the real worker (``build_app``), done when every partition's Redis watermark
     ``{ns:usage:P}:wm`` reaches the topic's end offset.
 
-It prints events/s, the ratios c/a and c/b, the worker's peak RSS (VmHWM), Redis memory of
-the namespace per distinct tag set, and checks that Redis's total equals the generator's
-(``PriceBook.charge``, to the micro-unit). ``--profile`` adds a pass of the batched worker
-under a sampling profiler (not part of the table) and prints its hotspots.
+It prints events/s, CPU per event, the ratios c/a and c/b, the worker's peak RSS (VmHWM),
+Redis memory of the namespace per distinct tag set, and checks that Redis's total equals the
+generator's (``PriceBook.charge``, to the micro-unit). The machine's load during each window
+is printed too: other work on the machine shows there. ``--without-rules`` adds a pass of
+the batched worker with an empty rule directory; ``--profile`` a pass under a sampling
+profiler, with its hotspots (neither is part of the table's figures).
 
 Every run uses its own namespace ``bench<hex>`` and deletes its topics, consumer groups and
 Redis keys when it ends. Progress goes to stderr; the table (or ``--json``) to stdout.
@@ -96,12 +101,12 @@ def git_state() -> dict[str, Any]:
     def run(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                                  timeout=20).stdout.strip()
+                                  timeout=20).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
     dirty = [line[3:] for line in run("status", "--porcelain", "--untracked-files=no")
-             .splitlines() if line]
-    return {"commit": run("rev-parse", "--short", "HEAD"), "dirty": dirty}
+             .splitlines() if len(line) > 3]
+    return {"commit": run("rev-parse", "--short", "HEAD").strip(), "dirty": dirty}
 
 
 def cpu_jiffies() -> list[int]:

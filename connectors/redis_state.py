@@ -59,9 +59,16 @@ class RedisState:
     def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
                start: float, end: float) -> dict[Group, int]:
         out: dict[Group, int] = defaultdict(int)
+        # A tag set's dimensions never change (and their objects are kept in ``_dims``):
+        # decide its match and group once per query.
+        decided: dict[int, Group | None] = {}
         for dims, value in self._cells(measure, start, end):
-            if matches(match, dims):
-                out[group_of(group_by, dims)] += value
+            key = id(dims)
+            if key not in decided:
+                decided[key] = group_of(group_by, dims) if matches(match, dims) else None
+            group = decided[key]
+            if group is not None:
+                out[group] += value
         return dict(out)
 
     def series(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
@@ -101,7 +108,16 @@ class RedisState:
                 if cell_code == code:
                     yield dims, value
             elif cell_code.startswith("w:"):
-                yield {**dims, "fault": cell_code[2:]}, value
+                yield self._waste_dims(slot, tsid, cell_code[2:]), value
+
+    def _waste_dims(self, slot: str, tsid: str, fault: str) -> Mapping[str, str]:
+        """A tag set's dimensions plus its fault type, made once and kept (callers may
+        remember a decision per dimensions object)."""
+        key = (slot, f"{tsid}\tw:{fault}")
+        found = self._dims.get(key)
+        if found is None:
+            found = self._dims[key] = {**self._dims[(slot, tsid)], "fault": fault}
+        return found
 
     def samples(self, metric: str, match: Mapping[str, str], since: float
                 ) -> list[ResourceSamples]:

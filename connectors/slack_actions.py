@@ -261,7 +261,7 @@ async def _read_body(request: web.Request) -> bytes:
         raise BadRequest("body too large")
     try:
         body = await request.content.read(MAX_BODY + 1)
-    except (OSError, ValueError):
+    except (OSError, ValueError, web.RequestPayloadError):  # e.g. a gzip body that is not gzip
         raise BadRequest("unreadable body") from None
     if len(body) > MAX_BODY:
         raise BadRequest("body too large")
@@ -288,7 +288,7 @@ def parse_action(body: bytes, keep_for: timedelta) -> ActionRequest:
                                     or (payload.get("message") or {}).get("ts"))
         return ActionRequest(
             action=_verb(action_id), alert_id=_field(value, "alert_id"),
-            rule=_field(value, "rule"), resource_id=value.get("resource_id"),
+            rule=_field(value, "rule"), resource_id=_optional_text(value.get("resource_id")),
             duration_s=SNOOZE_ACTIONS.get(action_id) or
             (int(keep_for.total_seconds()) if action_id == KEEP_ACTION else None),
             user_id=_field(user, "id"), user_name=str(user.get("username") or user["id"]),

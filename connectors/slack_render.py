@@ -419,7 +419,10 @@ def _contribution(change: AlertChange, total: Decimal) -> Decimal | None:
     when the period does not say how long that was."""
     if unit_of(change) != "currency_per_hour":
         return total
-    start, end = _time(change.period_start), _time(change.period_end)
+    try:
+        start, end = _time(change.period_start), _time(change.period_end)
+    except ValueError:
+        return None
     seconds = Decimal((end - start).total_seconds()) if start and end else Decimal(0)
     return total * 3600 / seconds if seconds > 0 else None
 

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from functools import cached_property
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
@@ -65,7 +64,7 @@ ResourceType = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 # RFC 3339 with an offset, or Unix seconds as a JSON number. Kept as sent (so a round trip is
-# exact) and converted once by ``unix_ts``: the pattern is checked in pydantic's core, while a
+# exact) and converted by ``unix_ts``: the pattern is checked in pydantic's core, while a
 # Python validator here would halve the parser's throughput. (A plain ``datetime`` field would
 # also take strings of digits as Unix time, which the contract does not allow.)
 RFC3339 = (
@@ -87,7 +86,7 @@ class _Event(BaseModel):
     # Omitted tags mean untagged spend: still money, reported under empty group values.
     tags: Tags = Field(default_factory=dict)
 
-    @cached_property
+    @property
     def unix_ts(self) -> float:
         """``ts`` as Unix seconds, whichever form the producer sent.
 
@@ -169,8 +168,15 @@ def _where(loc: tuple[int | str, ...], batch: bool) -> str:
     # Drop the discriminator tag pydantic inserts (``usage``/``fault``/...).
     if parts and parts[0] in ("usage", "utilization", "fault"):
         parts.pop(0)
-    field = ".".join(str(p) for p in parts)
+    field = ".".join(_shown(p) for p in parts)
     return prefix + (f"field {field}" if field else "message")
+
+
+def _shown(part: int | str) -> str:
+    """A location part as printable text: a key the producer chose (``"\\n"``, a terminal
+    escape) is quoted, so a reason stays one printable line wherever it is shown."""
+    text = str(part)
+    return text if text.isprintable() and text else repr(text)
 
 
 _TS_FORMS = ("str", "int", "float", "constrained-str")

@@ -17,10 +17,18 @@ from pydantic import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
-from ruamel.yaml.events import AliasEvent, NodeEvent
+from ruamel.yaml.events import (
+    AliasEvent,
+    CollectionEndEvent,
+    CollectionStartEvent,
+    NodeEvent,
+)
 from ruamel.yaml.reader import ReaderError
 
 MAX_BYTES = 1 << 20
+MAX_DEPTH = 32
+"""Rule files and price books nest five or six levels; ruamel's scanner slows down
+quadratically with flow nesting, and its composer recurses, so deeper is refused early."""
 # Line breaks as ruamel's marks count them (YAML 1.2: LF, CR LF and a lone CR).
 _LINE_BREAK = re.compile("\r\n|[\n\r]")
 
@@ -115,8 +123,18 @@ def load_document(path: Path | str, text: str | None = None) -> Document:
     yaml = YAML(typ="rt", pure=True)
     yaml.allow_duplicate_keys = False
     try:
+        depth = 0
         for event in yaml.parse(text):
             _refuse_constructs(name, event)
+            if isinstance(event, CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    mark = event.start_mark
+                    raise SourceInvalid([SourceError(
+                        name, mark.line + 1, mark.column + 1,
+                        f"nested deeper than {MAX_DEPTH} levels")])
+            elif isinstance(event, CollectionEndEvent):
+                depth -= 1
         tree = yaml.load(text)
         data = _plain(name, tree)
     except MarkedYAMLError as exc:

@@ -116,8 +116,9 @@ class Aggregator:
         by_tp: dict[TP, list[Message]] = {}
         for message in messages:
             by_tp.setdefault((message.topic, message.partition), []).append(message)
-        for tp, batch in by_tp.items():
-            await self._partition(tp, batch)
+        # Partitions are independent: while Redis runs one partition's script, the next one
+        # is parsed and folded.
+        await asyncio.gather(*(self._partition(tp, batch) for tp, batch in by_tp.items()))
 
     async def _partition(self, tp: TP, batch: list[Message]) -> None:
         state = self.partitions.get(tp)

@@ -149,8 +149,11 @@ class Wiring:
             aggregator.on_revoked([tp for tp in aggregator.partitions if tp not in owned])
             resume = await aggregator.on_assigned(assigned)
             if resume:
-                # Faust seeks to the committed offsets right after this signal.
+                # Faust seeks to the committed offsets right after this signal; aiokafka skips
+                # a committed offset of 0, so seek here as well to cover a fresh watermark.
                 await app.consumer._commit({TP(t, p): o for (t, p), o in resume.items()})
+                for (topic, partition), offset in resume.items():
+                    await app.consumer.seek(TP(topic, partition), offset)
                 log.info("resuming %d partitions from Redis watermarks", len(resume))
 
         self.metrics.gauge("consumer_lag", lambda: self._lag(aggregator))

@@ -85,6 +85,7 @@ class Evaluator:
         self.publish, self.metrics, self.tick_s = publish, metrics, tick_s
         self._generation: int | None = None
         self._last = 0.0
+        self._cost = 0.0  # seconds the last evaluation took
         self.last_evaluation: Evaluation | None = None
 
     def _data_generation(self) -> int:
@@ -98,8 +99,13 @@ class Evaluator:
     async def step(self, now: float | None = None) -> Evaluation | None:
         """Evaluate if data moved or the tick is due; publish the changes."""
         now = time.time() if now is None else now
+        since = now - self._last
+        # An evaluation may take a while on a big state: keep it to a third of the time at
+        # most, so that it never starves the aggregation it shares the process with.
+        if since < 2 * self._cost:
+            return None
         generation = await asyncio.to_thread(self._data_generation)
-        if generation == self._generation and now - self._last < self.tick_s:
+        if generation == self._generation and since < self.tick_s:
             return None
         engine = self.source.current()
         if engine is None:
@@ -117,7 +123,8 @@ class Evaluator:
     def _evaluate(self, engine: Engine, now: float) -> Evaluation:
         started = time.perf_counter()
         evaluation = engine.evaluate(self.state, now, self.store.book(), self.store.silences(now))
-        self.metrics.observe("evaluation_seconds", time.perf_counter() - started)
+        self._cost = time.perf_counter() - started
+        self.metrics.observe("evaluation_seconds", self._cost)
         return evaluation
 
 

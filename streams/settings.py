@@ -65,7 +65,8 @@ class Settings(BaseSettings):
         7 * 86400, ge=60, description="how long an event_id is remembered after it was counted"
     )
     batch_messages: int = Field(
-        500, ge=1, description="most Kafka messages the worker folds into one Redis step"
+        100, ge=1, description="most Kafka messages the worker takes at once (their events "
+        "are folded into one Redis step per partition; keeps memory bounded for big batches)"
     )
     kafka_session_timeout_s: float = Field(
         30.0, gt=0, description="consumer group session timeout (the embedded broker wants ~6s)"

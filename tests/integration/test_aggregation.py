@@ -303,3 +303,22 @@ def test_totals_are_exact_after_redis_restarts_mid_stream(services, namespace, t
     finally:
         proc.stop()
 
+
+
+def test_lost_redis_state_is_rebuilt_from_kafka(services, worker, namespace):
+    messages, ledger, _ = _stream(seed=13, n=3000)
+    topic = f"{namespace}.usage.v1"
+    produce(services.bootstrap, topic, messages)
+    redis = Redis.from_url(services.redis_url)
+    ends = end_offsets(services.bootstrap, topic)
+    wait_caught_up(redis, namespace, "usage", ends, worker)
+    worker.stop()
+    # Redis loses everything of this namespace; Kafka's committed offsets are at the end.
+    doomed = [*redis.scan_iter(f"{{{namespace}:*"), *redis.scan_iter(f"{namespace}:*")]
+    assert doomed
+    redis.delete(*doomed)
+    worker.start()
+    wait_caught_up(redis, namespace, "usage", ends, worker)
+    report = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team")
+    assert rows_by_group(report, ("team",), "cost") == ledger.total(
+        "cost", ("team",), {}, DAY, DAY + 86400)

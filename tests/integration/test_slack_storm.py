@@ -164,7 +164,7 @@ def usage(team: str, quantity: float) -> tuple[bytes, bytes]:
     return team.encode(), json.dumps(event).encode()
 
 
-def test_the_worker_holds_alerts_through_a_429_storm_and_delivers_each_once(
+def test_the_worker_keeps_alerts_in_kafka_through_a_429_storm_and_a_kill_and_posts_each_once(
         services: Any, kafka_namespace: str, tmp_path: Path,
         slack_thread: LocalSlackThread) -> None:
     rules = tmp_path / "rules.yaml"
@@ -176,7 +176,7 @@ def test_the_worker_holds_alerts_through_a_429_storm_and_delivers_each_once(
                            partitions=2))
     server = slack_thread.server
     assert server is not None
-    slack_thread.loop.call_soon_threadsafe(lambda: server.rate_limit_next(7, retry_after=2))
+    slack_thread.loop.call_soon_threadsafe(lambda: server.rate_limit_next(8, retry_after=2))
     store = redis.Redis.from_url(services.redis_url)
     day = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() - 60))
     threads = [f"{kafka_namespace}:slack:thread:{alert_id('team-daily', {'team': t})}@{day}"
@@ -186,6 +186,10 @@ def test_the_worker_holds_alerts_through_a_429_storm_and_delivers_each_once(
     try:
         produce(services.bootstrap, f"{kafka_namespace}.usage.v1",
                 [usage(team, 24.1 + i) for i, team in enumerate(TEAMS)])
+        wait_for(lambda: [c.status for c in server.calls].count(429) >= 2, "the storm", worker)
+        worker.kill9()
+        assert server.messages("ml-budgets") == [], "nothing got through before the kill"
+        worker.start()  # only Kafka still has the alerts: the killed worker acked none of them
         wait_for(lambda: store.exists(*threads) == len(TEAMS), "every alert in Slack", worker)
         time.sleep(6)  # a few more evaluations and redeliveries: nothing may be sent again
         roots = {tuple(v.decode().split(" ", 1)) for v in store.mget(threads)}
@@ -194,7 +198,7 @@ def test_the_worker_holds_alerts_through_a_429_storm_and_delivers_each_once(
         store.close()
 
     calls = list(server.calls)
-    assert [c.status for c in calls].count(429) >= 6, "the storm outlasted the client's retries"
+    assert [c.status for c in calls].count(429) == 8, "the storm outlasted the client's retries"
     assert respects_retry_after(calls, 2.0) == []
     posted = server.messages("ml-budgets")
     assert {(m.channel, m.ts) for m in posted} == roots, "one root per thread in the ledger"

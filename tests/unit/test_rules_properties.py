@@ -1,14 +1,17 @@
 """Properties of the alert lifecycle over arbitrary histories, on observations and on the engine.
 
-``Audit`` reads only what was published (and whether each alert was muted at each step), and
-holds it to the lifecycle's promises:
+``Audit`` reads what was published, and whether each alert was found and muted at each
+evaluation, and holds it to the lifecycle's promises:
 
-* a notification is a published ``firing`` change; a repeat of the same firing episode comes
-  no sooner than ``realert`` after the last notification, and it does come once ``realert``
-  has passed; only a line above every line already notified, or the end of a mute, notifies
-  sooner;
+* a notification is a published ``firing`` change (first firing, escalation, repeat, or the
+  end of a mute). A repeat comes no sooner than ``realert`` after the last notification of
+  the episode, and it does come once ``realert`` has passed; only a line above every line
+  notified so far, or the end of a mute, notifies sooner;
+* a new alert, the end of ``for``, a higher line and a mute starting or ending are published
+  at once; nothing else is (``realert`` never republishes a muted alert);
 * a muted alert (silenced or inhibited) publishes ``silenced``, never ``firing``;
-* ``resolved`` follows only a published ``pending``, ``firing`` or ``silenced``;
+* ``resolved`` follows only a published ``pending``, ``firing`` or ``silenced``, and comes at
+  the first evaluation that no longer finds the alert;
 * the book read back from its JSON is the same book and carries on identically.
 """
 
@@ -241,14 +244,28 @@ def test_the_audit_refuses_what_the_lifecycle_must_not_do(
 JOBS = ("run-1", "run-2")
 RULES = RuleSet(
     (
-        rule(kind="budget", name="day-budget", group_by=["job"], period="day", limit=100,
-             warn_at=[0.5], for_="10m", realert="1h"),
-        rule(kind="log_explosion", name="log-burst", group_by=["job"], window="5m",
-             baseline="5m", max_rate=20, realert="30m"),
-        rule(kind="idle", name="idle-gpu", group_by=["job"], below=0.1, for_="10m",
-             realert="1h"),
+        rule(
+            kind="budget",
+            name="day-budget",
+            group_by=["job"],
+            period="day",
+            limit=100,
+            warn_at=[0.5],
+            for_="10m",
+            realert="1h",
+        ),
+        rule(
+            kind="log_explosion",
+            name="log-burst",
+            group_by=["job"],
+            window="5m",
+            baseline="5m",
+            max_rate=20,
+            realert="30m",
+        ),
+        rule(kind="idle", name="idle-gpu", group_by=["job"], below=0.1, for_="10m", realert="1h"),
     )
-)  # fmt: skip
+)
 INHIBITED = {r.name for r in RULES if r.inhibited_by_faults}
 
 

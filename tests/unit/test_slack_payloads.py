@@ -177,6 +177,19 @@ def test_a_forecast_warns_before_any_line_is_crossed() -> None:
     golden("forecast", root_post([change]))
 
 
+def test_a_resolved_forecast_says_the_projection_is_back_under_the_line() -> None:
+    forecasting = rule(kind="budget", name="team-forecast", group_by=["team"], limit=10000,
+                       forecast=True, notify={"slack": "#ml-budgets"})
+    cluster = Cluster(forecasting).add(gpu(T0 - 3 * DAY, 5800, team="posttrain", job="sft-1"))
+    cluster.add(*(gpu(T0 - (h + 1) * HOUR, 200, team="posttrain", job="sft-2")
+                  for h in range(6)))
+    fired = only(cluster.evaluate(T0))
+    resolved = only(cluster.evaluate(at("2026-12-01T00:10")))
+    [_, reply] = later_change(resolved, fired)
+    assert reply["text"] == (
+        ":white_check_mark: Resolved: $7,000.00, forecast back under limit ($10,000.00).")
+
+
 def test_growth_against_the_baseline_names_the_top_jobs() -> None:
     growth = rule(kind="growth", name="project-growth", group_by=["project"], window="1h",
                   baseline="1d", ratio=3, notify={"slack": "#ml-platform"})
@@ -233,14 +246,16 @@ def test_a_tag_value_that_names_a_channel_is_where_the_alert_goes() -> None:
 
 
 def test_the_operators_channel_map_routes_what_the_rule_does_not_map() -> None:
-    change = AlertChange.from_record(idle_node())
+    routed = rule(**{**TEAM_MONTHLY, "name": "owner-monthly", "group_by": ["owner"],
+                     "notify": {"slack": "#ml-budgets", "route_by_tag": "owner",
+                                "channels": {"bob": "#bob-budget"}}})
+    owners = ("alice", "bob", "carol")
+    cluster = Cluster(routed).add(*(gpu(T0 - DAY, 6000, owner=owner) for owner in owners))
     mapped = SlackNotifier(token=None, ledger=None, fallback_channel=FALLBACK,
-                           channel_by_tag_value={"alice": "#alice-ops"})
-    unmapped = change.record | {"group": {"owner": "carol"},
-                                "notify": {**change.record["notify"], "channel": "#ml-gpu-idle"}}
-    assert mapped.route(AlertChange.from_record(unmapped)) == "#ml-gpu-idle"
-    assert mapped.route(AlertChange.from_record(
-        unmapped | {"group": {"owner": "alice"}})) == "#alice-ops"
+                           channel_by_tag_value={"alice": "#alice-ops", "bob": "#bob-ops"})
+    routes = {c["group"]["owner"]: mapped.route(AlertChange.from_record(c))
+              for c in cluster.evaluate(T0)}
+    assert routes == {"alice": "#alice-ops", "bob": "#bob-budget", "carol": "#ml-budgets"}
 
 
 def test_a_log_explosion_is_shown_as_money_per_hour() -> None:
@@ -254,6 +269,18 @@ def test_a_log_explosion_is_shown_as_money_per_hour() -> None:
     change = only(cluster.evaluate(T0))
     assert (change["unit"], change["line"]) == ("currency_per_hour", "max_rate")
     golden("log_explosion", root_post([change]))
+
+
+def test_a_rate_alert_without_its_window_shows_contributors_as_plain_totals() -> None:
+    golden_root = json.loads((GOLDEN / "log_explosion.json").read_text(encoding="utf-8"))
+    assert "• project _untagged_ $42.50/h (100%)" in json.dumps(golden_root["blocks"],
+                                                                ensure_ascii=False)
+    record = {**AlertChange.from_record(idle_node()).record, "kind": "log_explosion",
+              "unit": "currency_per_hour", "value": "42.500000", "period": None,
+              "reclaim": None, "top": [{"group": {"job": "run-42"}, "value": "10.625000"}]}
+    [top] = [b for b in message_for([AlertChange.from_record(record)]).blocks
+             if b["type"] == "section" and "Top contributors" in b["text"]["text"]]
+    assert top["text"]["text"] == "*Top contributors*\n• job `run-42` $10.63"
 
 
 def test_fault_waste_lists_the_waste_by_fault_type() -> None:

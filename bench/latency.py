@@ -1,0 +1,1133 @@
+"""How long an alert takes to come out of costline, and what one evaluation of the rules costs.
+
+    .venv/bin/python bench/latency.py [--json] [--rate N] [--seconds S] [--probe-every S]
+                                      [--groups N] [--rules N] [--eval-budget S] [--full]
+                                      [--profile] [--skip-e2e] [--skip-eval] [--skip-redis]
+
+(1) End to end. The real worker (``python -m streams worker``, a child process with a
+namespace of its own) runs one rule: a daily budget of one micro-unit per value of the tag
+``probe`` (``group_by: [probe]``), so every probe event opens an alert of its own. First a
+burst of ``--burst`` single-event usage messages measures the worker's maximum (messages
+produced → every partition's Redis watermark at its end offset). Then background usage
+events flow at ``--rate`` messages/s (default: half that maximum) for ``--seconds``, with a
+probe every ``--probe-every`` seconds among them. A kafka-python consumer reads
+``NS.alerts.v1``; a probe's latency is the time from its send to the first change published
+for its group, split at the change's Kafka timestamp (the worker's publish time).
+
+(2) Evaluation cost, in this process. An ``InMemoryState`` is filled with ``--groups``
+distinct tag sets (two usage events each over the last five days, GPU utilization samples,
+faults), and ``--rules`` rules of every kind are generated as a YAML rule file and loaded.
+One evaluation (``rules.engine.Engine.evaluate``) of a single quiet budget rule is the
+baseline (p50 of ``--repeats``). The generated rule set is evaluated in full with ``--full``;
+otherwise its rules are evaluated one by one, in their (shuffled) order, until
+``--eval-budget`` seconds are spent, and the full evaluation is estimated from the mean per
+rule. Every ``StateView.totals`` call is timed and attributed to its caller, and peak RSS is
+read per phase (VmHWM, reset between phases). Unless ``--skip-redis``, the same data set is
+also aggregated into Redis by a real worker and a few rules are timed on
+``connectors.redis_state.RedisState``.
+
+Nothing is asserted. Every namespace is deleted at the end. Progress goes to stderr; the
+figures (or ``--json``) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DAY_S = 86_400
+PROBE_RULES = """\
+rules:
+  - name: probe-budget
+    kind: budget
+    match: {probe: "?*"}
+    group_by: [probe]
+    period: day
+    limit: 0.000001
+"""
+BASELINE_RULE = """\
+rules:
+  - name: baseline-team-monthly
+    kind: budget
+    match: {env: prod}
+    group_by: [team]
+    period: month
+    limit: 100000000
+"""
+RESOURCES = {
+    "gpu.h100": "gpu_hour",
+    "storage.ssd": "gb_hour",
+    "network.egress": "gb",
+    "logs.ingest": "gb",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[latency {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def vm_status(pid: int | str = "self") -> dict[str, int]:
+    """VmHWM / VmRSS of a process in KiB (empty if it is gone)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(("VmHWM:", "VmRSS:")):
+                    key, value = line.split(":", 1)
+                    out[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def reset_peak_rss() -> bool:
+    """Start a new VmHWM period for this process (Linux ``clear_refs`` 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def mib(kib: int | None) -> float | None:
+    return None if kib is None else round(kib / 1024, 1)
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """n, p50, p90, p99 and max of a sample (nearest rank), in its own unit."""
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+    return {"n": len(ordered), "p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99),
+            "max": ordered[-1], "mean": statistics.fmean(ordered)}
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
+# ======================================================================================
+# Namespaces and the worker
+# ======================================================================================
+
+
+@dataclass
+class Namespace:
+    """Topics, consumer groups and Redis keys of one run, deleted by ``cleanup``."""
+
+    name: str
+    bootstrap: str
+    redis_url: str
+    partitions: int
+
+    def topic(self, short: str) -> str:
+        return f"{self.name}.{short}.v1"
+
+    def create_topics(self) -> None:
+        from streams.settings import Settings
+        from streams.topics import create_topics
+
+        create_topics(Settings(kafka_bootstrap=self.bootstrap, namespace=self.name,
+                               partitions=self.partitions))
+
+    def watermarks(self, redis: Any) -> list[int]:
+        from connectors.redis_keys import slot_tag, wm_key
+
+        raw = redis.mget([wm_key(slot_tag(self.name, "usage", p)) for p in range(self.partitions)])
+        return [-1 if v is None else int(v) for v in raw]
+
+    def end_offsets(self, short: str = "usage") -> list[int]:
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        try:
+            tps = [TopicPartition(self.topic(short), p) for p in range(self.partitions)]
+            ends = consumer.end_offsets(tps)
+            return [ends[tp] for tp in tps]
+        finally:
+            consumer.close()
+
+    def wait_applied(self, redis: Any, ends: Sequence[int], worker: Worker,
+                     timeout: float = 600) -> float:
+        """Until every partition's watermark reached its end offset; returns when (time())."""
+        deadline = time.time() + timeout
+        while True:
+            marks = self.watermarks(redis)
+            if all(m >= end - 1 for m, end in zip(marks, ends, strict=True)):
+                return time.time()
+            if not worker.alive():
+                raise RuntimeError(f"the worker died:\n{worker.tail()}")
+            if time.time() > deadline:
+                raise RuntimeError(f"not caught up after {timeout}s: {marks} of {list(ends)}")
+            time.sleep(0.05)
+
+    def cleanup(self) -> None:
+        from redis import Redis
+
+        from connectors.kafka import admin
+
+        r = Redis.from_url(self.redis_url)
+        keys = [k for pattern in (f"{{{self.name}:*", f"{self.name}:*")
+                for k in r.scan_iter(match=pattern, count=2000)]
+        for i in range(0, len(keys), 1000):
+            r.unlink(*keys[i:i + 1000])
+        r.close()
+        try:
+            client = admin(self.bootstrap)
+            try:
+                mine = (f"{self.name}.", f"{self.name}-")
+                topics = [t for t in client.list_topics() if t.startswith(mine)]
+                if topics:
+                    client.delete_topics(topics, raise_errors=False)
+                groups = [g["group_id"] for g in client.list_groups()
+                          if g["group_id"].startswith(mine)]
+                if groups:
+                    client.delete_groups(groups)
+            finally:
+                client.close()
+        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the figures
+            log(f"cleanup of {self.name} in Kafka incomplete: {exc}")
+        log(f"cleaned up namespace {self.name} ({len(keys)} Redis keys)")
+
+
+@dataclass
+class Worker:
+    """``costline worker`` as a child process."""
+
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def for_namespace(cls, ns: Namespace, rules: Path, workdir: Path, **extra: str) -> Worker:
+        env = dict(os.environ)
+        env.update(
+            COSTLINE_NAMESPACE=ns.name,
+            COSTLINE_KAFKA_BOOTSTRAP=ns.bootstrap,
+            COSTLINE_REDIS_URL=ns.redis_url,
+            COSTLINE_RULES=str(rules),
+            COSTLINE_WEB_PORT=str(free_port()),
+            COSTLINE_PARTITIONS=str(ns.partitions),
+            COSTLINE_STATE_DIR=str(workdir / "state"),
+            COSTLINE_KAFKA_SESSION_TIMEOUT_S="6",
+            COSTLINE_KAFKA_REBALANCE_TIMEOUT_S="10",
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("SLACK_BOT_TOKEN", None)
+        env.update(extra)
+        return cls(env, workdir / f"worker-{ns.name}.log")
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as handle:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streams", "worker", "--loglevel", "warning"],
+                cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def tail(self) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-25:])
+        except OSError:
+            return ""
+
+    def _get(self, path: str) -> str:
+        url = f"http://127.0.0.1:{self.env['COSTLINE_WEB_PORT']}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return str(answer.read().decode())
+        except urllib.error.HTTPError as exc:  # 503 still carries the report
+            return str(exc.read().decode())
+
+    def rules_loaded(self) -> int | None:
+        try:
+            report = json.loads(self._get("/healthz"))
+        except (OSError, ValueError):
+            return None
+        loaded = report.get("rules", {}).get("loaded")
+        return loaded if isinstance(loaded, int) else None
+
+    def metrics(self) -> dict[str, float]:
+        """The worker's /metrics, labels summed away."""
+        out: dict[str, float] = {}
+        try:
+            text = self._get("/metrics")
+        except OSError as exc:
+            log(f"could not read /metrics: {exc}")
+            return out
+        for line in text.splitlines():
+            if not line or line.startswith("#") or "_bucket" in line:
+                continue
+            name, _, value = line.rpartition(" ")
+            name = name.split("{", 1)[0]
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+        return out
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while self.rules_loaded() is None:
+            if not self.alive():
+                raise RuntimeError(f"the worker exited:\n{self.tail()}")
+            if time.time() > deadline:
+                raise RuntimeError(f"the worker did not load its rules in {timeout}s")
+            time.sleep(0.5)
+
+
+# ======================================================================================
+# (1) End-to-end latency
+# ======================================================================================
+
+
+class AlertWatcher(threading.Thread):
+    """Reads ``NS.alerts.v1`` from its start; keeps the first change per probe group."""
+
+    def __init__(self, ns: Namespace) -> None:
+        super().__init__(daemon=True)
+        from kafka import KafkaConsumer, TopicPartition
+
+        self.consumer = KafkaConsumer(bootstrap_servers=ns.bootstrap, enable_auto_commit=False)
+        topic = ns.topic("alerts")
+        parts = sorted(self.consumer.partitions_for_topic(topic) or ())
+        self.consumer.assign([TopicPartition(topic, p) for p in parts])
+        self.consumer.seek_to_beginning()
+        self.first: dict[str, tuple[float, float, str]] = {}
+        self.changes = 0
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                for records in self.consumer.poll(timeout_ms=100).values():
+                    received = time.time()
+                    for record in records:
+                        change = json.loads(record.value)
+                        probe = (change.get("group") or {}).get("probe")
+                        with self.lock:
+                            self.changes += 1
+                            if probe and probe not in self.first:
+                                self.first[probe] = (received, record.timestamp / 1000,
+                                                     change["state"])
+        finally:
+            self.consumer.close()
+
+    def seen(self, probe: str) -> bool:
+        with self.lock:
+            return probe in self.first
+
+
+@dataclass
+class Sender:
+    """Background usage events and probes, one event per message."""
+
+    ns: Namespace
+    rng: random.Random = field(default_factory=lambda: random.Random(11))
+    tagsets: int = 2000
+    sent: int = 0
+    probes: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from connectors.kafka import producer
+
+        self.producer = producer(self.ns.bootstrap, client_id="costline-bench-latency",
+                                 linger_ms=5)
+        self.topic = self.ns.topic("usage")
+
+    def background(self) -> None:
+        i = self.sent
+        tagset = self.rng.randrange(self.tagsets)
+        resource_type = ("gpu.h100", "gpu.h100", "storage.ssd", "logs.ingest")[tagset % 4]
+        event = {
+            "event_id": f"{self.ns.name}-b{i}", "kind": "usage", "ts": round(time.time(), 3),
+            "resource_id": f"node-{tagset % 256}", "resource_type": resource_type,
+            "quantity": round(self.rng.uniform(0.01, 2.0), 4),
+            "unit": RESOURCES[resource_type],
+            "tags": {"team": f"team-{tagset % 20:02d}", "project": f"proj-{tagset % 150:03d}",
+                     "env": ("prod", "dev")[tagset % 2], "job": f"job-{tagset:05d}"},
+        }
+        self.producer.send(self.topic, value=json.dumps(event).encode(),
+                           key=event["tags"]["job"].encode())
+        self.sent += 1
+
+    def probe(self, name: str) -> None:
+        event = {
+            "event_id": f"{self.ns.name}-{name}", "kind": "usage", "ts": round(time.time(), 3),
+            "resource_id": "probe-node", "resource_type": "gpu.h100", "quantity": 0.001,
+            "unit": "gpu_hour", "tags": {"probe": name},
+        }
+        value = json.dumps(event).encode()
+        self.probes[name] = time.time()
+        self.producer.send(self.topic, value=value, key=name.encode())
+
+    def close(self) -> None:
+        self.producer.flush()
+        self.producer.close()
+
+
+def measure_maximum(ns: Namespace, worker: Worker, sender: Sender, burst: int) -> dict[str, Any]:
+    """Produce ``burst`` messages as fast as possible; the worker's rate is the burst over
+    the time until every partition's watermark reached its end offset."""
+    from redis import Redis
+
+    redis = Redis.from_url(ns.redis_url)
+    try:
+        before = sum(m + 1 for m in ns.watermarks(redis))
+        started = time.time()
+        for _ in range(burst):
+            sender.background()
+        sender.producer.flush()
+        produced = time.time()
+        ends = ns.end_offsets()
+        done = ns.wait_applied(redis, ends, worker)
+        applied = sum(ends) - before
+    finally:
+        redis.close()
+    took = done - started
+    return {"messages": applied, "seconds": round(took, 2),
+            "worker_msgs_per_s": round(applied / took),
+            "producer_msgs_per_s": round(burst / (produced - started)),
+            "producer_bound": (produced - started) > 0.9 * took}
+
+
+def run_e2e(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    ns = Namespace("lat" + secrets.token_hex(4), a.bootstrap, a.redis_url, a.partitions)
+    rules = workdir / "probe-rules.yaml"
+    rules.write_text(PROBE_RULES)
+    ns.create_topics()
+    worker = Worker.for_namespace(ns, rules, workdir)
+    watcher = AlertWatcher(ns)
+    watcher.start()
+    sender = Sender(ns, tagsets=a.tagsets)
+    result: dict[str, Any] = {"namespace": ns.name, "partitions": a.partitions,
+                              "rule": "budget, group_by [probe], limit 0.000001 (one per probe)"}
+    try:
+        worker.start()
+        worker.wait_ready()
+        log("worker up; waiting for a first probe alert (leader elected, evaluating)")
+        started = time.time()
+        sender.probe("warmup")
+        sender.producer.flush()
+        while not watcher.seen("warmup"):
+            if time.time() - started > 180 or not worker.alive():
+                raise RuntimeError(f"no alert for the warm-up probe:\n{worker.tail()}")
+            time.sleep(0.1)
+        result["first_alert_s"] = round(time.time() - started, 2)
+        sender.probes.clear()
+
+        if a.rate:
+            rate = a.rate
+            result["maximum"] = None
+        else:
+            log(f"measuring the worker's maximum with a burst of {a.burst:,} messages")
+            result["maximum"] = measure_maximum(ns, worker, sender, a.burst)
+            rate = max(1, result["maximum"]["worker_msgs_per_s"] // 2)
+        log(f"background at {rate:,} messages/s for {a.seconds}s, a probe every {a.probe_every}s")
+        metrics_before = worker.metrics()
+        cpu_before = _cpu_seconds(worker)
+        run = pace(sender, rate, a.seconds, a.probe_every)
+        flushed = time.time()
+        deadline = flushed + 30
+        while time.time() < deadline and not all(watcher.seen(p) for p in sender.probes):
+            time.sleep(0.1)
+        metrics_after = worker.metrics()
+        from redis import Redis
+
+        redis = Redis.from_url(ns.redis_url)
+        try:
+            caught_up = ns.wait_applied(redis, ns.end_offsets(), worker, timeout=120)
+        finally:
+            redis.close()
+        result.update(run)
+        result["background_msgs_per_s"] = rate
+        result["caught_up_after_last_send_s"] = round(max(0.0, caught_up - flushed), 2)
+        result.update(_latencies(sender.probes, watcher))
+        result["worker"] = _worker_figures(worker, metrics_before, metrics_after, cpu_before,
+                                           a.seconds)
+    finally:
+        watcher.halt.set()
+        sender.close()
+        worker.stop()
+        watcher.join(5)
+        ns.cleanup()
+    return result
+
+
+def pace(sender: Sender, rate: int, seconds: float, probe_every: float) -> dict[str, Any]:
+    """Background messages at ``rate``/s with probes interleaved, for ``seconds``."""
+    started = time.perf_counter()
+    first = sender.sent
+    next_probe = probe_every / 2
+    n_probe = 0
+    behind = 0.0
+    while True:
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            break
+        due = first + int(elapsed * rate)
+        if due - sender.sent > rate * 0.5:
+            behind = max(behind, (due - sender.sent) / rate)
+        while sender.sent < due:
+            sender.background()
+        if elapsed >= next_probe:
+            sender.probe(f"p{n_probe:05d}")
+            n_probe += 1
+            next_probe += probe_every
+        time.sleep(0.0005)
+    sender.producer.flush()
+    took = time.perf_counter() - started
+    return {"seconds": round(took, 1), "background_sent": sender.sent - first,
+            "probes_sent": n_probe, "producer_fell_behind_s": round(behind, 2)}
+
+
+def _latencies(probes: Mapping[str, float], watcher: AlertWatcher) -> dict[str, Any]:
+    """Latency figures; each probe leaves an alert firing for the rest of the day, so the
+    first and last thirds of the run are also shown apart."""
+    to_consumer, to_publish, states = [], [], Counter()
+    for name, sent in sorted(probes.items()):
+        found = watcher.first.get(name)
+        if found is None:
+            continue
+        received, published, state = found
+        to_consumer.append(received - sent)
+        to_publish.append(published - sent)
+        states[state] += 1
+    third = len(to_consumer) // 3
+    return {"probes_answered": len(to_consumer), "first_states": dict(states),
+            "latency_s": _rounded(spread(to_consumer)),
+            "to_publish_s": _rounded(spread(to_publish)),
+            "latency_first_third_s": _rounded(spread(to_consumer[:third])),
+            "latency_last_third_s": _rounded(spread(to_consumer[-third:] if third else []))}
+
+
+def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+
+
+def _cpu_seconds(worker: Worker) -> float:
+    """User + system CPU seconds of the worker process so far."""
+    assert worker.proc is not None
+    try:
+        fields = Path(f"/proc/{worker.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _worker_figures(worker: Worker, before: Mapping[str, float], after: Mapping[str, float],
+                    cpu_before: float, seconds: float) -> dict[str, Any]:
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    evaluations = delta("costline_evaluation_seconds_count")
+    spent = delta("costline_evaluation_seconds_sum")
+    assert worker.proc is not None
+    status = vm_status(worker.proc.pid)
+    return {
+        "evaluations": int(evaluations),
+        "evaluation_mean_s": round(spent / evaluations, 3) if evaluations else None,
+        "evaluation_share_of_run": round(spent / seconds, 3),
+        "cpu_share": round((_cpu_seconds(worker) - cpu_before) / seconds, 2),
+        "peak_rss_mib": mib(status.get("VmHWM")),
+    }
+
+
+# ======================================================================================
+# (2) Evaluation cost
+# ======================================================================================
+
+
+def tags_of(i: int) -> dict[str, str]:
+    """Tag set ``i`` of the evaluation data set: a job of a project of a team."""
+    return {
+        "team": f"team-{i % 40:02d}",
+        "project": f"proj-{i % 400:03d}",
+        "env": ("prod", "staging", "dev")[i % 3],
+        "stage": ("pretrain", "posttrain", "eval", "dev")[i % 4],
+        "owner": f"user{i % 1500:04d}",
+        "job": f"job-{i:06d}",
+    }
+
+
+# Six in ten tag sets meter GPUs; the rest storage, egress and (twice as often) logs.
+_RESOURCE_CYCLE = (
+    ("gpu.h100",) * 6 + ("storage.ssd", "network.egress") + ("logs.ingest",) * 2
+)
+
+
+def dataset(groups: int, now: float, seed: int, gpus_sampled: int, faults: int
+            ) -> Iterator[dict[str, Any]]:
+    """The evaluation data set as contract events: per tag set two usage events at random
+    times of the last five days; utilization samples every five minutes over the last two
+    hours for ``gpus_sampled`` GPUs (a fifth of them idle); ``faults`` faults over the last
+    two days."""
+    rng = random.Random(seed)
+    for i in range(groups):
+        resource_type = _RESOURCE_CYCLE[i % len(_RESOURCE_CYCLE)]
+        for n in range(2):
+            ts = now - rng.uniform(0, 5 * DAY_S)
+            yield {"event_id": f"u{i}-{n}", "kind": "usage", "ts": round(ts, 3),
+                   "resource_id": f"{tags_of(i)['job']}/r", "resource_type": resource_type,
+                   "quantity": round(rng.lognormvariate(0.5, 1.0), 4),
+                   "unit": RESOURCES[resource_type], "tags": tags_of(i)}
+    for g in range(gpus_sampled):
+        idle = g % 5 == 0
+        tags = tags_of(g * 7 % groups)
+        for k in range(25):
+            value = rng.uniform(0.0, 0.03) if idle else rng.uniform(0.4, 1.0)
+            yield {"event_id": f"m{g}-{k}", "kind": "utilization",
+                   "ts": round(now - 2 * 3600 + k * 300, 3), "resource_id": f"gpu-{g:05d}",
+                   "resource_type": "gpu.h100", "metric": "gpu_util", "value": round(value, 4),
+                   "tags": tags}
+    for f in range(faults):
+        ts = round(now - rng.uniform(0, 2 * DAY_S), 3)
+        yield {"event_id": f"f{f}", "kind": "fault", "ts": ts,
+               "fault": rng.choice(["node_failure", "comm_timeout", "oom", "preemption"]),
+               "resource_type": "gpu.h100", "units": rng.choice([8, 64, 512]),
+               "lost_seconds": rng.randrange(60, 3600), "recovery_seconds": rng.randrange(60, 1800),
+               "tags": tags_of(rng.randrange(groups))}
+
+
+def build_memory_state(a: argparse.Namespace, now: float) -> tuple[Any, dict[str, Any]]:
+    from rules.events import parse_message
+    from rules.memory_state import InMemoryState
+    from rules.prices import PriceBook
+    from streams.settings import DEFAULT_PRICES
+
+    found = InMemoryState(PriceBook.load(DEFAULT_PRICES))
+    started = time.perf_counter()
+    events = Counter()
+    chunk: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        verdict = parse_message(json.dumps(chunk).encode())
+        batch = getattr(verdict, "events", None)
+        if batch is None:
+            raise RuntimeError(f"the generated events were refused: {verdict}")
+        for event in batch:
+            found.add(event)
+            events[event.kind] += 1
+        chunk.clear()
+
+    for event in dataset(a.groups, now, a.seed, a.gpus_sampled, a.faults):
+        chunk.append(event)
+        if len(chunk) == 5000:
+            flush()
+    if chunk:
+        flush()
+    return found, {"events": dict(events), "build_s": round(time.perf_counter() - started, 1)}
+
+
+RULE_SHAPES = {  # kind -> share of the generated rules
+    "budget": 0.40, "growth": 0.15, "log_explosion": 0.15, "fault_waste": 0.15, "idle": 0.15,
+}
+# group_by -> share of the rules; a per-job rule always matches one team (2,500 jobs of 100k)
+GROUPINGS = [(("team",), 0.35), (("project",), 0.30), (("team", "env"), 0.15), ((), 0.12),
+             (("job",), 0.08)]
+MATCHES = [({}, 0.35), ({"env": "prod"}, 0.2), ({"team": "team-0*"}, 0.15),
+           ({"resource_type": "gpu.*"}, 0.15), ({"stage": "pretrain"}, 0.15)]
+ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata"]
+
+
+def _pick(rng: random.Random, options: Sequence[tuple[Any, float]]) -> Any:
+    return rng.choices([o for o, _ in options], [w for _, w in options])[0]
+
+
+def calibrate(state: Any, now: float) -> dict[tuple[str, ...], float]:
+    """Per grouping, the 99th percentile of a group's spend per day in the data set (USD):
+    the scale the generated lines are set against."""
+    scale = {}
+    for grouping, _ in GROUPINGS:
+        match = {"team": "team-07"} if grouping == ("job",) else {}
+        per_group = sorted(state.totals("cost", match, grouping, now - 6 * DAY_S, now + 300)
+                           .values())
+        p99 = per_group[min(len(per_group) - 1, int(len(per_group) * 0.99))]
+        scale[grouping] = p99 / 1e6 / 5
+    return scale
+
+
+def generate_rules(n: int, seed: int, scale: Mapping[tuple[str, ...], float]) -> str:
+    """``n`` rules of every kind as one YAML rule file, in shuffled order. Lines sit around
+    the 99th percentile of each grouping's spend, so most rules find nothing and a few find
+    a handful of groups, as in a real rule set."""
+    rng = random.Random(seed)
+    kinds = [k for k, share in RULE_SHAPES.items() for _ in range(round(n * share))][:n]
+    kinds += ["budget"] * (n - len(kinds))
+    rng.shuffle(kinds)
+    lines = ["rules:"]
+    for i, kind in enumerate(kinds):
+        grouping = _pick(rng, GROUPINGS)
+        if kind == "fault_waste" and grouping == ("job",):
+            grouping = ("team",)
+        match = {"team": f"team-{rng.randrange(40):02d}"} if grouping == ("job",) else _pick(
+            rng, MATCHES)
+        rule: dict[str, Any] = {"name": f"r{i:04d}-{kind.replace('_', '-')}", "kind": kind,
+                                "match": match, "group_by": list(grouping)}
+        per_day = scale[grouping]
+        if kind == "budget":
+            period = rng.choice(["day", "week", "month"])
+            days = {"day": 1, "week": 5, "month": 5}[period]
+            rule.update(period=period, timezone=rng.choice(ZONES),
+                        limit=round(per_day * days * rng.uniform(1.0, 3.0), 2),
+                        warn_at=[0.5, 0.8], forecast=rng.random() < 0.3)
+        elif kind == "growth":
+            rule.update(metric="cost", window=rng.choice(["1h", "6h"]),
+                        baseline=rng.choice(["1d", "3d"]), ratio=round(rng.uniform(2, 5), 1),
+                        min_baseline=round(per_day * 0.1, 2))
+        elif kind == "log_explosion":
+            rule.update(window=rng.choice(["15m", "1h"]), baseline="1d",
+                        ratio=round(rng.uniform(3, 10), 1),
+                        max_rate=round(per_day / 24 * rng.uniform(4, 20), 2))
+        elif kind == "fault_waste":
+            rule.update(period=rng.choice(["day", "week"]),
+                        max_waste=round(per_day * rng.uniform(0.5, 3), 2))
+            if rng.random() < 0.5:
+                rule["max_share"] = round(rng.uniform(0.2, 0.5), 2)
+        else:
+            rule.update(metric="gpu_util", below=round(rng.uniform(0.05, 0.2), 2),
+                        **{"for": rng.choice(["30m", "1h"])}, mode="dry_run")
+        lines.append("  - " + json.dumps(rule))
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class TotalsClock:
+    """A ``StateView`` proxy that times every ``totals`` call and names its caller."""
+
+    inner: Any
+    calls: Counter = field(default_factory=Counter)
+    seconds: defaultdict = field(default_factory=lambda: defaultdict(float))
+
+    def totals(self, *args: Any, **kwargs: Any) -> Any:
+        caller = sys._getframe(1).f_code.co_name
+        started = time.perf_counter()
+        try:
+            return self.inner.totals(*args, **kwargs)
+        finally:
+            self.calls[caller] += 1
+            self.seconds[caller] += time.perf_counter() - started
+
+    def samples(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.samples(*args, **kwargs)
+
+    def earliest(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.earliest(*args, **kwargs)
+
+    def faults(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.faults(*args, **kwargs)
+
+    def report(self, total_s: float) -> dict[str, Any]:
+        spent = sum(self.seconds.values())
+        return {
+            "totals_calls": sum(self.calls.values()),
+            "totals_s": round(spent, 2),
+            "totals_share": round(spent / total_s, 3) if total_s else None,
+            "by_caller": {name: {"calls": self.calls[name], "s": round(self.seconds[name], 2)}
+                          for name, _ in self.calls.most_common()},
+        }
+
+
+def timed_evaluations(engine: Any, state: Any, now: float, repeats: int
+                      ) -> tuple[list[float], Any, int | None]:
+    """``repeats`` evaluations, each on the book the previous one left; the peak RSS (KiB)."""
+    from rules.alerts import AlertBook
+
+    book = AlertBook()
+    took: list[float] = []
+    reset = reset_peak_rss()
+    evaluation = None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        evaluation = engine.evaluate(state, now, book)
+        took.append(time.perf_counter() - started)
+        book = evaluation.book
+    peak = vm_status().get("VmHWM") if reset else None
+    return took, evaluation, peak
+
+
+class RuleTimeout(Exception):
+    """A rule ran past ``--rule-timeout`` and was stopped."""
+
+
+def _stop_rule(signum: int, frame: Any) -> None:
+    raise RuleTimeout
+
+
+def per_rule(rules: Sequence[Any], state: Any, now: float, budget_s: float, rule_timeout: float,
+             profile: bool = False) -> dict[str, Any]:
+    """Evaluate the rules one by one (findings and their payloads) until ``budget_s`` is spent;
+    a rule still running after ``rule_timeout`` is stopped and counted at that time, so the
+    estimate is then a lower bound."""
+    from rules.engine import payload
+
+    clock = TotalsClock(state)
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    findings: Counter = Counter()
+    slowest: list[tuple[float, str]] = []
+    stopped: list[str] = []
+    profiler = None
+    if profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.005)
+        profiler.start()
+    previous = signal.signal(signal.SIGALRM, _stop_rule)
+    reset = reset_peak_rss()
+    started = time.perf_counter()
+    for rule in rules:
+        if time.perf_counter() - started > budget_s:
+            break
+        t0 = time.perf_counter()
+        found: list[Any] = []
+        signal.setitimer(signal.ITIMER_REAL, rule_timeout)
+        try:
+            found = rule.evaluate(clock, now)
+            for finding in found:
+                payload(rule, finding, "USD")
+        except RuleTimeout:
+            stopped.append(rule.name)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        took = time.perf_counter() - t0
+        by_kind[rule.kind].append(took)
+        findings[rule.kind] += len(found)
+        what = "stopped" if rule.name in stopped[-1:] else f"findings={len(found)}"
+        slowest.append((took, f"{rule.name} group_by={list(rule.group_by)} "
+                              f"match={dict(rule.match)} {what}"))
+    elapsed = time.perf_counter() - started
+    signal.signal(signal.SIGALRM, previous)
+    peak = vm_status().get("VmHWM") if reset else None
+    profile_text = None
+    if profiler is not None:
+        profiler.stop()
+        profile_text = profiler.output_text(unicode=False, color=False, show_all=False)
+    every = [t for ts in by_kind.values() for t in ts]
+    mean = statistics.fmean(every) if every else 0.0
+    return {
+        "measured_rules": len(every),
+        "measured_s": round(elapsed, 1),
+        "mean_per_rule_s": round(mean, 3),
+        "median_per_rule_s": round(statistics.median(every), 3) if every else None,
+        "estimated_full_s": round(mean * len(rules), 1),
+        "stopped_rules": stopped,
+        "estimate_is_lower_bound": bool(stopped),
+        "by_kind": {k: {"rules": len(v), "mean_s": round(statistics.fmean(v), 3),
+                        "max_s": round(max(v), 3), "findings": findings[k]}
+                    for k, v in sorted(by_kind.items())},
+        "slowest": [f"{t:.2f}s {what}" for t, what in sorted(slowest, reverse=True)[:6]],
+        "state_reads": clock.report(elapsed),
+        "peak_rss_mib": mib(peak),
+        "profile": profile_text,
+    }
+
+
+def run_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from rules.engine import Engine
+    from rules.loader import RuleSet, load_rule_text
+
+    now = time.time()
+    log(f"building an InMemoryState of {a.groups:,} tag sets")
+    reset_peak_rss()
+    state, built = build_memory_state(a, now)
+    built["rss_mib"] = mib(vm_status().get("VmRSS"))
+    log(f"built in {built['build_s']}s: {built['events']}, RSS {built['rss_mib']} MiB")
+
+    scale = calibrate(state, now)
+    log("lines set against the 99th percentile of spend per group and day: "
+        + ", ".join(f"{list(g)} {v:,.2f}" for g, v in scale.items()))
+    text = generate_rules(a.rules, a.seed, scale)
+    (workdir / "generated-rules.yaml").write_text(text)
+    started = time.perf_counter()
+    ruleset = load_rule_text(text, file="generated-rules.yaml")
+    load_s = time.perf_counter() - started
+    shapes = Counter(rule.kind for rule in ruleset)
+    log(f"{len(ruleset)} rules loaded in {load_s:.2f}s: {dict(shapes)}")
+
+    baseline_rule = load_rule_text(BASELINE_RULE).rules
+    log(f"baseline: one quiet budget rule, {a.repeats} evaluations")
+    took, evaluation, peak = timed_evaluations(Engine(RuleSet(baseline_rule), "USD"), state, now,
+                                               a.repeats)
+    baseline = {"rule": "budget baseline-team-monthly, env=prod by team, never reached",
+                "p50_s": round(statistics.median(took), 3), "runs_s": [round(t, 3) for t in took],
+                "changes": len(evaluation.changes), "peak_rss_mib": mib(peak)}
+    log(f"baseline p50 {baseline['p50_s']}s")
+
+    result: dict[str, Any] = {"groups": a.groups, "state": built, "rules": len(ruleset),
+                              "args_rule_timeout": a.rule_timeout,
+                              "kinds": dict(shapes), "load_s": round(load_s, 2),
+                              "baseline": baseline}
+    if a.full:
+        log(f"full evaluation of {len(ruleset)} rules, {a.repeats} times")
+        took, evaluation, peak = timed_evaluations(Engine(ruleset, "USD"), state, now, a.repeats)
+        result["full"] = {"p50_s": round(statistics.median(took), 2),
+                          "runs_s": [round(t, 2) for t in took],
+                          "changes_first": len(evaluation.changes), "peak_rss_mib": mib(peak)}
+    log(f"the {len(ruleset)} rules one by one (for up to {a.eval_budget}s, "
+        f"at most {a.rule_timeout}s per rule)")
+    result["per_rule"] = per_rule(ruleset.rules, state, now, a.eval_budget, a.rule_timeout,
+                                  a.profile)
+    if not a.skip_redis:
+        result["redis"] = run_redis_eval(a, workdir, now, ruleset.rules)
+    return result
+
+
+def run_redis_eval(a: argparse.Namespace, workdir: Path, now: float, rules: Sequence[Any]
+                   ) -> dict[str, Any]:
+    """The same data set aggregated into Redis by a real worker; a few rules on RedisState."""
+    from redis import Redis
+
+    from connectors.redis_state import RedisState
+    from rules.engine import Engine
+    from rules.loader import RuleSet, load_rule_text
+
+    ns = Namespace("latev" + secrets.token_hex(3), a.bootstrap, a.redis_url, a.partitions)
+    empty = workdir / "no-rules.yaml"
+    empty.write_text("rules: []\n")
+    ns.create_topics()
+    worker = Worker.for_namespace(ns, empty, workdir)
+    out: dict[str, Any] = {"namespace": ns.name}
+    redis = Redis.from_url(a.redis_url)
+    try:
+        worker.start()
+        worker.wait_ready()
+        from connectors.kafka import producer
+
+        prod = producer(a.bootstrap, client_id="costline-bench-latency")
+        started = time.time()
+        chunks: dict[str, list[dict[str, Any]]] = {"usage": [], "faults": []}
+        count = 0
+
+        def send(topic: str) -> None:
+            prod.send(ns.topic(topic), value=json.dumps(chunks[topic]).encode(),
+                      key=str(count).encode())
+            chunks[topic].clear()
+
+        for event in dataset(a.groups, now, a.seed, a.gpus_sampled, a.faults):
+            topic = "faults" if event["kind"] == "fault" else "usage"
+            chunks[topic].append(event)
+            count += 1
+            if len(chunks[topic]) == 1000:
+                send(topic)
+        for topic in chunks:
+            if chunks[topic]:
+                send(topic)
+        prod.flush()
+        prod.close()
+        done = ns.wait_applied(redis, ns.end_offsets(), worker)
+        out["aggregated"] = {"events": count, "seconds": round(done - started, 1)}
+        log(f"Redis filled by the worker: {count:,} events in {done - started:.0f}s")
+        worker.stop()
+
+        state = RedisState(Redis.from_url(a.redis_url), ns.name, "UTC")
+        baseline = Engine(RuleSet(load_rule_text(BASELINE_RULE).rules), "USD")
+        took, _, peak = timed_evaluations(baseline, state, now, 3)
+        out["baseline_p50_s"] = round(statistics.median(took), 3)
+        out["baseline_runs_s"] = [round(t, 3) for t in took]
+        sample = list(rules[: a.redis_rules])
+        log(f"RedisState: baseline p50 {out['baseline_p50_s']}s; {len(sample)} generated rules")
+        timed = per_rule(sample, state, now, float("inf"), a.rule_timeout)
+        out["per_rule"] = {k: timed[k] for k in ("measured_rules", "measured_s",
+                                                  "mean_per_rule_s", "estimated_full_s",
+                                                  "stopped_rules", "estimate_is_lower_bound",
+                                                  "by_kind", "slowest", "state_reads")}
+        out["estimated_full_s"] = round(timed["mean_per_rule_s"] * len(rules), 1)
+        out["peak_rss_mib"] = mib(peak)
+    finally:
+        worker.stop()
+        redis.close()
+        ns.cleanup()
+    return out
+
+
+# ======================================================================================
+# Report
+# ======================================================================================
+
+
+def print_report(result: dict[str, Any]) -> None:
+    print(f"costline alert latency and evaluation cost — {time.strftime('%Y-%m-%d %H:%M')} "
+          f"— {result['machine']['cpus']} CPUs, load {result['machine']['loadavg_1m']} at start")
+    e2e = result.get("e2e")
+    if e2e:
+        print("\n(1) end to end: probe produced → first change for its group on NS.alerts.v1")
+        maximum = e2e.get("maximum")
+        if maximum:
+            bound = " (the producer was the limit: a lower bound)" if maximum["producer_bound"] \
+                else ""
+            print(f"  worker maximum      {maximum['worker_msgs_per_s']:>8,} msg/s over a burst of "
+                  f"{maximum['messages']:,} single-event messages{bound}")
+        print(f"  background          {e2e['background_msgs_per_s']:>8,} msg/s for "
+              f"{e2e['seconds']}s ({e2e['background_sent']:,} messages)")
+        print(f"  probes              {e2e['probes_answered']}/{e2e['probes_sent']} answered, "
+              f"first states {e2e['first_states']}")
+        for label, key in (("to the consumer", "latency_s"), ("to publish", "to_publish_s")):
+            s = e2e[key]
+            if s.get("n"):
+                print(f"  latency {label:<16} p50 {s['p50']:.3f}s  p90 {s['p90']:.3f}s  "
+                      f"p99 {s['p99']:.3f}s  max {s['max']:.3f}s")
+        early, late = e2e["latency_first_third_s"], e2e["latency_last_third_s"]
+        if early.get("n") and late.get("n"):
+            print(f"  p50 first third {early['p50']:.3f}s, last third {late['p50']:.3f}s "
+                  f"(every probe leaves a firing alert the evaluation revisits)")
+        w = e2e["worker"]
+        print(f"  worker              {w['evaluations']} evaluations, mean "
+              f"{w['evaluation_mean_s']}s each; CPU {w['cpu_share']} cores; "
+              f"peak RSS {w['peak_rss_mib']} MiB")
+        print(f"  first alert after start {e2e['first_alert_s']}s; caught up "
+              f"{e2e['caught_up_after_last_send_s']}s after the last send")
+    ev = result.get("eval")
+    if ev:
+        print(f"\n(2) one evaluation over an InMemoryState of {ev['groups']:,} tag sets "
+              f"({ev['state']['events']}, built in {ev['state']['build_s']}s, "
+              f"RSS {ev['state']['rss_mib']} MiB)")
+        b = ev["baseline"]
+        print(f"  baseline: 1 rule    p50 {b['p50_s']}s  runs {b['runs_s']}  "
+              f"peak RSS {b['peak_rss_mib']} MiB")
+        print(f"  {ev['rules']} rules loaded in {ev['load_s']}s: {ev['kinds']}")
+        if "full" in ev:
+            f = ev["full"]
+            print(f"  full: {ev['rules']} rules p50 {f['p50_s']}s  runs {f['runs_s']}  "
+                  f"peak RSS {f['peak_rss_mib']} MiB")
+        p = ev["per_rule"]
+        print(f"  rule by rule        {p['measured_rules']} of {ev['rules']} rules in "
+              f"{p['measured_s']}s: mean {p['mean_per_rule_s']}s per rule → one evaluation of "
+              f"all {ev['rules']} ≈ {p['estimated_full_s']}s ({_how(p, ev['rules'])})")
+        if p["stopped_rules"]:
+            print(f"                      stopped after {ev['args_rule_timeout']}s: "
+                  f"{', '.join(p['stopped_rules'])}")
+        print(f"                      peak RSS {p['peak_rss_mib']} MiB")
+        for kind, k in p["by_kind"].items():
+            print(f"    {kind:<14} {k['rules']:>4} rules  mean {k['mean_s']:.3f}s  "
+                  f"max {k['max_s']:.3f}s  findings {k['findings']}")
+        reads = p["state_reads"]
+        print(f"  StateView.totals    {reads['totals_calls']} calls, {reads['totals_s']}s "
+              f"({reads['totals_share']} of the time); by caller:")
+        for caller, c in reads["by_caller"].items():
+            print(f"    {caller:<22} {c['calls']:>6} calls  {c['s']:>8.2f}s")
+        print("  slowest rules:")
+        for line in p["slowest"]:
+            print(f"    {line}")
+        redis = ev.get("redis")
+        if redis:
+            print(f"\n  RedisState (filled by the worker: {redis['aggregated']['events']:,} events "
+                  f"in {redis['aggregated']['seconds']}s)")
+            print(f"    baseline: 1 rule  p50 {redis['baseline_p50_s']}s  "
+                  f"runs {redis['baseline_runs_s']}")
+            rp = redis["per_rule"]
+            print(f"    {rp['measured_rules']} generated rules in {rp['measured_s']}s: mean "
+                  f"{rp['mean_per_rule_s']}s per rule → all {ev['rules']} ≈ "
+                  f"{redis['estimated_full_s']}s ({_how(rp, ev['rules'])})")
+            for line in rp["slowest"]:
+                print(f"      {line}")
+        if p.get("profile"):
+            print("\n  profile of the rule-by-rule pass (pyinstrument):")
+            print(p["profile"])
+
+
+def _how(timed: Mapping[str, Any], rules: int) -> str:
+    if timed["measured_rules"] == rules and not timed["stopped_rules"]:
+        return "measured rule by rule"
+    return "estimated, a lower bound" if timed["stopped_rules"] else "estimated"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--rate", type=int, default=0,
+                        help="background messages/s (default: half the measured maximum)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of the latency run")
+    parser.add_argument("--probe-every", type=float, default=1.0, help="seconds between probes")
+    parser.add_argument("--burst", type=int, default=20_000,
+                        help="messages of the burst that measures the maximum")
+    parser.add_argument("--tagsets", type=int, default=2000, help="background tag sets")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--groups", type=int, default=100_000, help="tag sets of the state")
+    parser.add_argument("--rules", type=int, default=1000, help="generated rules")
+    parser.add_argument("--repeats", type=int, default=5, help="evaluations per timing")
+    parser.add_argument("--eval-budget", type=float, default=240.0,
+                        help="seconds for evaluating the generated rules one by one")
+    parser.add_argument("--rule-timeout", type=float, default=60.0,
+                        help="seconds after which one rule is stopped and counted as that long")
+    parser.add_argument("--full", action="store_true",
+                        help="evaluate the whole generated rule set --repeats times (slow)")
+    parser.add_argument("--redis-rules", type=int, default=3,
+                        help="generated rules timed on RedisState")
+    parser.add_argument("--gpus-sampled", type=int, default=2000)
+    parser.add_argument("--faults", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the rule-by-rule pass with pyinstrument")
+    parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--skip-redis", action="store_true")
+    parser.add_argument("--bootstrap",
+                        default=os.environ.get("COSTLINE_KAFKA_BOOTSTRAP", "127.0.0.1:19092"))
+    parser.add_argument("--redis-url",
+                        default=os.environ.get("COSTLINE_REDIS_URL", "redis://127.0.0.1:16379/0"))
+    a = parser.parse_args()
+
+    result: dict[str, Any] = {"machine": machine(), "args": vars(a)}
+    with tempfile.TemporaryDirectory(prefix="costline-latency-") as tmp:
+        workdir = Path(tmp)
+        if not a.skip_e2e:
+            result["e2e"] = run_e2e(a, workdir)
+        if not a.skip_eval:
+            result["eval"] = run_eval(a, workdir)
+    result["machine"]["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+    if a.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_report(result)
+
+
+if __name__ == "__main__":
+    main()
