@@ -47,6 +47,7 @@ import random
 import secrets
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections import Counter, deque
@@ -123,7 +124,11 @@ EXERCISES = {
              "append-only file.",
     "kafka": "`costline stack restart kafka`: the broker (also group coordinator) goes away "
              "and returns with its log. The producer buffers and retries idempotently, Faust "
-             "reconnects and rejoins, commits and dead-letter sends fail and are retried.",
+             "reconnects and rejoins, commits and dead-letter sends fail and are retried. A "
+             "worker that is starting while the broker is away exits (code 1: Faust gives up "
+             "bootstrapping); the run starts it again, as a supervisor does (`restart: "
+             "unless-stopped` in `docker-compose.yml`), and lists it among the workers that "
+             "exited by themselves.",
     "join": "a third worker joins the group: partitions move between live workers while both "
             "still process what they fetched, so the new owner's first write finds the "
             "watermark the old owner advanced (skip to it) or the old owner's stale batch "
@@ -168,12 +173,14 @@ class Config:
         """How long producing the stream takes at ``rate``."""
         return self.events / self.rate
 
-    def command(self) -> str:
-        return (f".venv/bin/python bench/chaos.py --events {self.events} --malformed "
-                f"{self.malformed} --kills {self.kills} --redis-restarts {self.redis_restarts} "
-                f"--kafka-restarts {self.kafka_restarts} --rebalances {self.rebalances} "
-                f"--rate {self.rate:g} --seed {self.seed} "
-                f"--state-dir {self.state_dir or '/tmp/chaos-stack'}")
+    def command(self) -> list[str]:
+        """The command line of this run, in groups of arguments."""
+        return [".venv/bin/python bench/chaos.py",
+                f"--events {self.events} --malformed {self.malformed} --kills {self.kills}",
+                f"--redis-restarts {self.redis_restarts} --kafka-restarts "
+                f"{self.kafka_restarts} --rebalances {self.rebalances}",
+                f"--rate {self.rate:g} --seed {self.seed} --state-dir "
+                f"{self.state_dir or '/tmp/chaos-stack'}"]
 
 
 @dataclass(frozen=True)
@@ -870,7 +877,8 @@ def check_reclaim(bootstrap: str, namespace: str) -> Check:
     twice += [f"busy {r} released" for r in per_resource if r in busy]
     steps = Counter(r["step"] for r in records)
     detail = (f"{len(per_plan)} release(s) of {len(per_resource)} resource(s), each once; "
-              f"{len({r['plan_id'] for r in records})} plans, steps {dict(steps)}")
+              f"{len({r['plan_id'] for r in records})} plans: "
+              + ", ".join(f"{n} {step}" for step, n in steps.items()))
     if twice:
         detail = "; ".join(twice)
     return Check("reclamation", not twice, detail, {
@@ -969,111 +977,131 @@ def _lines(path: str | Path) -> list[str]:
         return []
 
 
-def render_markdown(report: Report) -> str:
-    f, m = report.figures, report.machine
+def _wrap(text: str, indent: str = "") -> str:
+    return textwrap.fill(text, width=96, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)
+
+
+def _bullets(items: Sequence[str]) -> str:
+    return "\n".join(_wrap(f"* {item}", "  ") for item in items)
+
+
+def _md_result(report: Report) -> str:
+    rows = "\n".join(f"| {check.name} | {'pass' if check.ok else '**FAIL**'} | "
+                     f"{check.detail} |" for check in report.checks)
+    verdict = "Every check passed." if report.ok else "**Some checks failed** (see below)."
+    return f"## Result\n\n{verdict}\n\n| check | verdict | detail |\n|---|---|---|\n{rows}"
+
+
+def _md_run(report: Report) -> str:
+    f = report.figures
+    exits = "none" if not report.exits else "; ".join(
+        f"{e.worker} at {e.at:.0f} s (exit code {e.code})" for e in report.exits)
+    unsettled = "" if f["settled"] else " (not all of them: the checks ran anyway)"
+    return "## The run\n\n" + _bullets([
+        f"{f['events']:,} usage events in {f['messages']:,} Kafka messages on {PARTITIONS} "
+        f"partitions: {f['single']:,} single events, {f['batches']:,} batches of "
+        f"{BATCH_EVENTS} events, {f['resent_messages']:,} resends (same `event_id`, same key; "
+        f"{f['resent_events']:,} events), {f['malformed']:,} malformed messages and "
+        f"{f['samples']:,} utilization messages of {len(BOXES)} GPU boxes "
+        f"({sum(b.idle for b in BOXES)} idle, 1 busy). Tags `team`, `project`, `job`, "
+        f"`owner`, `cluster`, `env`; event times up to {TS_SPREAD_S:.0f} s before sending.",
+        f"Produced at a steady {f['rate']:,.0f} events/s for {f['produce_s']:.0f} s; total "
+        f"duration {f['duration_s']:.0f} s. The workers had caught up {f['drain_s']:.0f} s "
+        f"after the stream was sent and the last fault was over; every alert change had been "
+        f"handled and every idle box's plan closed {f['settle_s']:.0f} s later{unsettled}.",
+        f"Rules: a daily budget per team and env (limit {f['budget_limit']:,} USD, warning at "
+        f"50%), which fires and escalates on the stream's own spend; an idle rule (`gpu_util` "
+        "below 0.05 for 1 m) with `reclaim: {connector: dry_run, grace: 5s}`, `mode: live`. "
+        "Alerts go to a local Slack server (`connectors/slack_server.py`).",
+        f"Faults: {report.fault_summary()} (a `join` adds a third worker to the group, the "
+        f"next `leave` removes it). Workers that exited by themselves: {exits}.",
+        f"Lag peak: {report.lag_peak['lag']:,} messages, {report.lag_peak['t']:.0f} s into "
+        "the run.",
+    ])
+
+
+def _md_faults(report: Report) -> str:
     rows = "\n".join(
         f"| {i} | {fault.kind} | {fault.target} | {fault.at:.1f} | {fault.took:.1f} | "
         f"{_n(fault.lag_before)} | {_s(fault.resumed_s)} | {_s(fault.recovered_s)} | "
         f"{_n(fault.lag_peak)} |" for i, fault in enumerate(report.faults, 1))
-    checks = "\n".join(f"| {check.name} | {'pass' if check.ok else '**FAIL**'} | "
-                       f"{check.detail} |" for check in report.checks)
-    exercised = "\n".join(f"* **{kind}** — {EXERCISES[kind]}" for kind in FAULT_KINDS)
-    unsettled = "" if f["settled"] else " (not all of them: the checks ran anyway)"
-    exits = ("none" if not report.exits else "; ".join(
-        f"{e.worker} at {e.at:.0f}s (code {e.code})" for e in report.exits))
-    return f"""# Reliability: the pipeline under chaos
+    legend = _wrap(
+        f"Times are seconds since the run started. *took* is how long the fault itself lasted "
+        f"(a killed worker is restarted after a random pause of up to {KILL_PAUSE_S:.0f} s; a "
+        "restart of Redis or Kafka lasts until the service answers again; a join until the "
+        "group counts the third worker; a leave until it has exited). *resumed* is when every "
+        "partition with work to do had moved its Redis watermark past where it stood when the "
+        "fault was over; *recovered* is when the consumer lag (acknowledged end offsets minus "
+        f"watermarks) was back within {report.figures['tolerance']:,} messages (2 s of "
+        "production) of its level before the fault; both count from the fault's start. *lag "
+        "peak* is the highest lag in between. A `-` means that moment did not come before the "
+        f"run ended. Faults overlap in effect: the figures are sampled every "
+        f"{SAMPLE_INTERVAL_S} s and a fault's recovery includes whatever came after it.")
+    header = ("| # | fault | target | at s | took s | lag before | resumed s | recovered s | "
+              "lag peak |\n|---|---|---|---|---|---|---|---|---|")
+    return f"## Faults and recovery\n\n{legend}\n\n{header}\n{rows}"
 
-`bench/chaos.py` runs the whole pipeline — two `costline worker` processes on one consumer
-group, rules, the Slack notifier and reclamation — while it kills workers, restarts Redis and
-the Kafka broker and forces rebalances, then checks that nothing was lost or counted twice.
-This page is written by the run (`--write-doc`); the figures below are from one run.
 
-## Result
+def _md_checked() -> str:
+    groupings = ", ".join("`" + ",".join(g) + "`" for g in GROUPINGS if g)
+    return "## What is checked\n\n" + _bullets([
+        "**totals** — `costline spend --period day --by …` for each UTC day the events fall "
+        f"in, grouped by {groupings} and in total, equals the sum computed independently from "
+        "the generated events (`Ledger`'s pricing in `tests/integration/streamkit.py`, each "
+        "`event_id` once), to the micro-unit.",
+        "**dead letters** — `NS.dlq.v1`, deduplicated by its key `topic:partition:offset` (a "
+        "worker killed after sending a dead letter but before acknowledging its batch sends it "
+        "again under the same key), holds exactly the malformed messages sent, compared as a "
+        "multiset of raw bytes.",
+        "**slack** — per alert id, the new (top-level) messages on the Slack server are at "
+        "most one per alert period plus the notifier's ambiguous count (`NS:slack:counts`: "
+        "steps left in doubt by a process that died between a Slack call and its answer).",
+        "**reclamation** — on `NS.actions.v1` (re-published records deduplicated by their "
+        "bytes), each plan has at most one release record (`executed`, or the `dry_run` "
+        "connector's release, recorded as `skipped` with `\"dry_run\": true` after the "
+        "execution claim), each resource at most one released plan, and the busy box none.",
+    ])
 
-{"Every check passed." if report.ok else "**Some checks failed** (see below)."}
 
-| check | verdict | detail |
-|---|---|---|
-{checks}
+def _md_machine(report: Report) -> str:
+    m = report.machine
+    return "## Machine\n\n" + _wrap(
+        f"{m['cores']} cores ({m['cpu']}), {m['memory_mib']:,} MiB memory, {m['os']}, Python "
+        f"{m['python']}, {m['kafka']} (KRaft, one node, log on disk), {m['redis']} "
+        "(append-only file, fsync every second). Load average (1, 5, 15 min) when the run "
+        f"started: {', '.join(str(x) for x in m['load_at_start'])}.")
 
-## The run
 
-* {f['events']:,} usage events in {f['messages']:,} Kafka messages on {PARTITIONS} partitions:
-  {f['single']:,} single events, {f['batches']:,} batches of {BATCH_EVENTS} events,
-  {f['resent_messages']:,} resends (same `event_id`, same key; {f['resent_events']:,} events),
-  {f['malformed']:,} malformed messages and {f['samples']:,} utilization messages of
-  {len(BOXES)} GPU boxes ({sum(b.idle for b in BOXES)} idle, 1 busy); tags `team`, `project`,
-  `job`, `owner`, `cluster`, `env`; event times up to {TS_SPREAD_S:.0f} s before sending.
-* Produced at a steady {f['rate']:,.0f} events/s for {f['produce_s']:.0f} s; total duration
-  {f['duration_s']:.0f} s. The workers had caught up {f['drain_s']:.0f} s after the stream
-  was sent and the last fault was over; every alert change had been handled and every idle
-  box's plan closed {f['settle_s']:.0f} s later{unsettled}.
-* Rules: a daily budget per team and env (limit {f['budget_limit']:,} USD, warning at 50%),
-  which fires and escalates on the stream's own spend; an idle rule (`gpu_util` below 0.05
-  for 1 m) with `reclaim: {{connector: dry_run, grace: 5s}}`, `mode: live`. Alerts go to a
-  local Slack server (`connectors/slack_server.py`).
-* Faults: {report.fault_summary()} (a `join` adds a third worker to the group, the next
-  `leave` removes it). Workers that exited by themselves: {exits}.
-* Lag peak: {report.lag_peak['lag']:,} messages, {report.lag_peak['t']:.0f} s into the run.
-
-## Faults and recovery
-
-Times are seconds since the run started. *took* is how long the fault itself lasted (a killed
-worker is restarted after a random pause of up to {KILL_PAUSE_S:.0f} s; a restart of Redis or
-Kafka lasts until the service answers again; a join until the group counts the third worker; a
-leave until it has exited). *resumed* is when every partition with work to do
-had moved its Redis watermark past where it stood when the fault was over; *recovered* is when
-the consumer lag (acknowledged end offsets minus watermarks) was back within
-{f['tolerance']:,} messages (2 s of production) of its level before the fault; both count
-from the fault's start. *lag peak* is the highest lag in between. A `-` means that moment did
-not come before the next measurement ended (the figures are sampled every
-{SAMPLE_INTERVAL_S} s).
-
-| # | fault | target | at s | took s | lag before | resumed s | recovered s | lag peak |
-|---|---|---|---|---|---|---|---|---|
-{rows}
-
-## What each fault exercises
-
-{exercised}
-
-## What is checked
-
-* **totals** — `costline spend --period day --by …` for each UTC day the events fall in,
-  grouped by {", ".join("`" + ",".join(g) + "`" for g in GROUPINGS if g)} and in total, equals
-  the sum computed independently from the generated events (`tests/integration/streamkit.py`'s
-  `Ledger` pricing, each `event_id` once), to the micro-unit.
-* **dead letters** — `NS.dlq.v1`, deduplicated by its key `topic:partition:offset` (a worker
-  killed after sending a dead letter but before acknowledging its batch sends it again under the
-  same key), holds exactly the malformed messages sent, compared as a multiset of raw bytes.
-* **slack** — per alert id, the new (top-level) messages posted to the Slack server are at most
-  one per alert period plus the notifier's ambiguous count (`NS:slack:counts`, the steps left
-  in doubt by a process that died between a Slack call and its answer).
-* **reclamation** — on `NS.actions.v1` (re-published records deduplicated by their bytes), each
-  plan has at most one release record (`executed`, or the `dry_run` connector's release, which
-  is recorded as `skipped` with `"dry_run": true` after the execution claim), each resource
-  at most one released plan, and the busy box none.
-
-## Machine
-
-{m['cores']} cores ({m['cpu']}), {m['memory_mib']:,} MiB memory, {m['os']}, Python {m['python']},
-{m['kafka']} (KRaft, one node, log on disk), {m['redis']} (append-only file, fsync every
-second). Load average (1, 5, 15 min) when the run started: {m['load_at_start']}.
-
-## Reproduce
+def _md_reproduce(report: Report) -> str:
+    command = " \\\n    ".join([*report.figures["command"], "--write-doc docs/RELIABILITY.md"])
+    return f"""## Reproduce
 
 ```
 export COSTLINE_KAFKA_LIBS=...   # optional: a folder with Apache Kafka's jars, else Maven
 .venv/bin/costline stack up --kafka apache --redis system --kafka-port 0 --redis-port 0 \\
     --state-dir /tmp/chaos-stack
-{f['command']} \\
-    --write-doc docs/RELIABILITY.md
+{command}
 .venv/bin/costline stack down --state-dir /tmp/chaos-stack
 ```
 
 `make chaos` runs the full size (1,000,000 events); `tests/integration/test_chaos.py` runs
-{Config().events:,} events in CI against the CI stack.
-"""
+{Config().events:,} events in CI against the CI stack."""
+
+
+def render_markdown(report: Report) -> str:
+    intro = _wrap(
+        "`bench/chaos.py` runs the whole pipeline — two `costline worker` processes on one "
+        "consumer group, the rules, the Slack notifier and reclamation — while it kills "
+        "workers, restarts Redis and the Kafka broker and forces rebalances, then checks that "
+        "nothing was lost or counted twice. This page is written by the run (`--write-doc`); "
+        "the figures are those of one run.")
+    exercised = "## What each fault exercises\n\n" + _bullets(
+        [f"**{kind}** — {EXERCISES[kind]}" for kind in FAULT_KINDS])
+    sections = [f"# Reliability: the pipeline under chaos\n\n{intro}", _md_result(report),
+                _md_run(report), _md_faults(report), exercised, _md_checked(),
+                _md_machine(report), _md_reproduce(report)]
+    return "\n\n".join(sections) + "\n"
 
 
 # ── the run ──────────────────────────────────────────────────────────────────────────────

@@ -277,7 +277,7 @@ def run_mutate(name: str, seconds: float, seed: int, slow_s: float) -> Outcome:
 # ── atheris ──────────────────────────────────────────────────────────────────────────────────
 
 
-def run_atheris_here(name: str, seconds: float, slow_s: float) -> None:
+def run_atheris_here(name: str, seconds: float, slow_s: float, corpus: Path) -> None:
     """libFuzzer's loop in this process; it exits the process when done or on a finding."""
     import atheris
 
@@ -287,7 +287,6 @@ def run_atheris_here(name: str, seconds: float, slow_s: float) -> None:
     def one_input(data: bytes) -> None:
         check(data)
 
-    corpus = Path(tempfile.mkdtemp(prefix=f"costline-fuzz-{name}-"))
     for index, seed in enumerate(seeds):
         (corpus / f"seed-{index}").write_bytes(seed)
     atheris.Setup([sys.argv[0], f"-max_total_time={max(1, int(seconds))}",
@@ -298,10 +297,11 @@ def run_atheris_here(name: str, seconds: float, slow_s: float) -> None:
 def run_atheris(name: str, seconds: float, slow_s: float) -> Outcome:
     """One target in a subprocess (the time includes instrumenting the imports); executions
     from libFuzzer's final stats."""
-    command = [sys.executable, __file__, "--engine", "atheris-child", "--target", name,
-               "--seconds", str(seconds), "--slow", str(slow_s)]
     started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    with tempfile.TemporaryDirectory(prefix=f"costline-fuzz-{name}-") as corpus:
+        command = [sys.executable, __file__, "--engine", "atheris-child", "--target", name,
+                   "--seconds", str(seconds), "--slow", str(slow_s), "--corpus", corpus]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     outcome = Outcome(seconds=time.monotonic() - started)
     log = done.stdout + done.stderr
     runs = re.search(r"stat::number_of_executed_units:\s*(\d+)", log)
@@ -326,9 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow", type=float, default=5.0,
                         help="a rule file load slower than this is a finding")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.engine == "atheris-child":
-        run_atheris_here(args.target, args.seconds, args.slow)
+        run_atheris_here(args.target, args.seconds, args.slow, args.corpus)
         return 0
     names = ["parser", "rules", "slack"] if args.target == "all" else [args.target]
     share = args.seconds / len(names)

@@ -42,6 +42,8 @@ FAULTS_KEPT_S = 7 * 86400
 #  12 latest:  resource\tmetric, ts, json, ...
 #  13 history: resource\tmetric, trim below, {score, member, ...}, ...
 #  14 faults:  trim below, {score, member, ...}   (or empty)
+#  15 exact:   1 when the batch's amounts add up past 2^53: the script then leaves every
+#              addition to Redis's integers instead of summing in Lua's doubles
 # Keys are built here from the slot tag: they all share it, so they live in the slot of
 # KEYS[1] on a Redis Cluster.
 _SCRIPT = """
@@ -93,6 +95,7 @@ end
 local sums = {}
 local ttls = {}
 local tiers = {}
+local b_keys = {}
 local b = a[10]
 for i = 1, #b, 4 do
   local keys = {}
@@ -105,26 +108,37 @@ for i = 1, #b, 4 do
     keys[t] = sums[key]
   end
   tiers[b[i]] = keys
+  b_keys[b[i]] = {b[i + 1], b[i + 2], b[i + 3]}
 end
 local cells = a[11]
-for i = 1, #cells, 3 do
-  local keys = tiers[cells[i + 1]]
-  local field = cells[i]
-  local delta = tonumber(cells[i + 2])
-  for t = 1, 3 do
-    local fields = keys[t]
-    fields[field] = (fields[field] or 0) + delta
-  end
-end
-for key, fields in pairs(sums) do
-  for field, delta in pairs(fields) do
-    if delta > -1e14 and delta < 1e14 then
-      redis.call('HINCRBY', key, field, delta)
-    else
-      redis.call('HINCRBY', key, field, string.format('%.0f', delta))
+if a[15] == 1 then
+  -- amounts too large to add exactly in Lua's doubles: let Redis add each one
+  for i = 1, #cells, 3 do
+    for t = 1, 3 do
+      redis.call('HINCRBY', b_keys[cells[i + 1]][t], cells[i], cells[i + 2])
     end
   end
-  redis.call('EXPIRE', key, ttls[key])
+  for key, _ in pairs(sums) do redis.call('EXPIRE', key, ttls[key]) end
+else
+  for i = 1, #cells, 3 do
+    local keys = tiers[cells[i + 1]]
+    local field = cells[i]
+    local delta = tonumber(cells[i + 2])
+    for t = 1, 3 do
+      local fields = keys[t]
+      fields[field] = (fields[field] or 0) + delta
+    end
+  end
+  for key, fields in pairs(sums) do
+    for field, delta in pairs(fields) do
+      if delta > -1e14 and delta < 1e14 then
+        redis.call('HINCRBY', key, field, delta)
+      else
+        redis.call('HINCRBY', key, field, string.format('%.0f', delta))
+      end
+    end
+    redis.call('EXPIRE', key, ttls[key])
+  end
 end
 local latest = a[12]
 local util = S .. ':util'
@@ -223,7 +237,7 @@ class BatchWriter:
             expected, new_wm, slot, self.dedup_ttl, ret.five_min, ret.hour, ret.day,
             seen, [field for entry in tagsets for field in entry], self._buckets(slot, tally),
             _cells(tally),
-            _latest(tally), _history(tally), _faults(tally),
+            _latest(tally), _history(tally), _faults(tally), _needs_exact(tally),
         ], use_bin_type=False)
         return packed, order
 
@@ -268,6 +282,12 @@ def _cells(tally: Tally) -> list[Any]:
         for measure, delta in measures.items():
             flat += [f"{tsid}:{measure}", slot, str(delta)]
     return flat
+
+
+def _needs_exact(tally: Tally) -> int:
+    """1 when Lua's doubles could not add this batch's amounts exactly."""
+    total = sum(abs(d) for measures in tally.sums.values() for d in measures.values())
+    return 1 if total >= 2**53 else 0
 
 
 def _latest(tally: Tally) -> list[Any]:

@@ -20,6 +20,10 @@ from rules.events import Category, FaultEvent, UsageEvent
 from rules.yaml_source import SourceInvalid, load_document
 
 MICRO = 1_000_000
+# The most one event may add, in micro-units (a billion of the currency, or of a unit): sums
+# of thousands of such amounts stay within Redis's 64-bit integers, and an absurd amount is
+# refused instead of poisoning a total.
+MAX_EVENT_MICRO = 10**15
 _CTX = Context(prec=40, rounding=ROUND_HALF_EVEN)
 _MICRO_D = Decimal(MICRO)
 _HOUR_D = Decimal(3600)
@@ -158,10 +162,12 @@ class PriceBook:
                 f"{price.unit!r}",
             )
         if event.cost is not None:
-            cost = product_micro(event.cost, _MICRO_D, 1e6)
+            cost = _bounded("cost", product_micro(event.cost, _MICRO_D, 1e6))
         else:
             exact_micro, float_micro = self._micro[event.resource_type]
-            cost = product_micro(event.quantity, exact_micro, float_micro)
+            cost = _bounded("quantity", product_micro(event.quantity, exact_micro, float_micro))
+        if event.quantity > MAX_EVENT_MICRO / MICRO:
+            _bounded("quantity", product_micro(event.quantity, _MICRO_D, 1e6))
         return Charge(cost, event.category or price.category, price.billing)
 
     def waste(self, event: FaultEvent) -> int:
@@ -175,4 +181,14 @@ class PriceBook:
             )
         seconds = _CTX.add(exact(event.lost_seconds), exact(event.recovery_seconds))
         unit_hours = _CTX.divide(_CTX.multiply(Decimal(event.units), seconds), _HOUR_D)
-        return to_micro(_CTX.multiply(unit_hours, price.price))
+        return _bounded("lost_seconds", to_micro(_CTX.multiply(unit_hours, price.price)))
+
+
+def _bounded(field: str, micro: int) -> int:
+    if micro > MAX_EVENT_MICRO:
+        raise PricingError(
+            "out_of_range",
+            f"field {field}: the event would add {format_micro(micro)}, more than one event "
+            f"may ({format_micro(MAX_EVENT_MICRO)})",
+        )
+    return micro

@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 
 import connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
 from connectors.alert_store import AlertStore
-from connectors.kafka import KafkaUnavailable, api_versions
+from connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions
 from connectors.redis_apply import BatchWriter
 from connectors.redis_keys import Calendar
 from connectors.redis_state import RedisState
@@ -72,6 +72,8 @@ def faust_app(settings: Settings) -> faust.App:
         topic_partitions=settings.partitions,
         topic_allow_declare=True,
         producer_acks=-1,
+        # The dead letter of a refused 10,000-event batch is a few MiB (topics allow 16 MiB).
+        producer_max_request_size=MAX_MESSAGE_BYTES,
         stream_buffer_maxsize=max(4096, settings.batch_messages * 4),
         broker_commit_every=max(10_000, settings.batch_messages * 4),
         web_in_thread=False,
