@@ -77,6 +77,7 @@ class Outcome:
     seconds: float = 0.0
     findings: dict[str, bytes] = field(default_factory=dict)
     seeds: int = 0
+    rate: float | None = None  # executions per second while fuzzing, when known apart
 
     def found(self, what: str, data: bytes) -> None:
         known = self.findings.get(what)
@@ -107,6 +108,8 @@ def parser_target() -> tuple[list[bytes], Callable[[bytes], str]]:
              "lost_seconds": 1800, "recovery_seconds": 900, "tags": {"team": "pretrain"}}
     seeds = [json.dumps(v).encode() for v in (usage, utilization, fault,
                                                  [usage, utilization, fault])]
+    fields = {f"field {name}" for event in (usage, utilization, fault) for name in event}
+    fields.add("message")
 
     def check(raw: bytes) -> str:
         result = parse_message(raw, now=NOW)
@@ -115,7 +118,8 @@ def parser_target() -> tuple[list[bytes], Callable[[bytes], str]]:
                 raise Finding(f"unknown rejection code {result.code!r}")
             if not result.reason.strip() or "\n" in result.reason:
                 raise Finding("rejection reason empty or not one line")
-            return f"{result.code}:{' '.join(result.reason.split(':')[-1].split()[:3])}"
+            field = re.sub(r"^event \d+: ", "", result.reason).split(":")[0].split(".")[0]
+            return f"{result.code}:{field if field in fields else 'other'}"
         assert isinstance(result, Parsed)
         for event in result.events:
             ts = event.unix_ts
@@ -289,8 +293,10 @@ def run_atheris_here(name: str, seconds: float, slow_s: float, corpus: Path) -> 
 
     for index, seed in enumerate(seeds):
         (corpus / f"seed-{index}").write_bytes(seed)
+    crashes = Path(tempfile.gettempdir()) / f"costline-fuzz-{name}-"
     atheris.Setup([sys.argv[0], f"-max_total_time={max(1, int(seconds))}",
-                   "-print_final_stats=1", "-rss_limit_mb=4096", str(corpus)], one_input)
+                   "-print_final_stats=1", "-rss_limit_mb=4096",
+                   f"-artifact_prefix={crashes}", str(corpus)], one_input)
     atheris.Fuzz()
 
 
@@ -306,9 +312,13 @@ def run_atheris(name: str, seconds: float, slow_s: float) -> Outcome:
     log = done.stdout + done.stderr
     runs = re.search(r"stat::number_of_executed_units:\s*(\d+)", log)
     outcome.executions = int(runs.group(1)) if runs else 0
+    rate = re.search(r"stat::average_exec_per_sec:\s*(\d+)", log)
+    outcome.rate = float(rate.group(1)) if rate else None
     if done.returncode != 0:
         crash = re.findall(r"=== Uncaught Python exception: ===\n(.+)", log)
-        outcome.found(crash[0] if crash else f"libFuzzer exited {done.returncode}",
+        saved = re.findall(r"Test unit written to (\S+)", log)
+        what = crash[0] if crash else f"libFuzzer exited {done.returncode}"
+        outcome.found(what + (f" (input saved to {saved[0]})" if saved else ""),
                       log[-2000:].encode())
     return outcome
 
@@ -345,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                           for name, r in results.items()}, indent=2))
     else:
         for name, r in results.items():
-            rate = r.executions / r.seconds if r.seconds else 0.0
+            rate = r.rate if r.rate is not None else (
+                r.executions / r.seconds if r.seconds else 0.0)
             print(f"{name}: {r.executions} executions in {r.seconds:.1f}s ({rate:.0f}/s), "
                   f"{len(r.findings)} finding(s)" + (f", corpus {r.seeds}" if r.seeds else ""))
             for what, data in sorted(r.findings.items()):

@@ -183,9 +183,17 @@ class Namespace:
     def wait_applied(self, redis: Any, ends: Sequence[int], worker: Worker,
                      timeout: float = 600) -> float:
         """Until every partition's watermark reached its end offset; returns when (time())."""
+        from redis.exceptions import ConnectionError as RedisDown
+        from redis.exceptions import TimeoutError as RedisSlow
+
         deadline = time.time() + timeout
+        marks: list[int] = []
         while True:
-            marks = self.watermarks(redis)
+            try:
+                marks = self.watermarks(redis)
+            except (RedisDown, RedisSlow) as exc:  # a busy Redis: ask again
+                log(f"reading watermarks: {exc}")
+                marks = [-1] * len(ends)
             if all(m >= end - 1 for m, end in zip(marks, ends, strict=True)):
                 return time.time()
             if not worker.alive():
@@ -740,39 +748,42 @@ def generate_rules(n: int, seed: int, scale: Mapping[tuple[str, ...], float]) ->
 
 
 @dataclass
-class TotalsClock:
-    """A ``StateView`` proxy that times every ``totals`` call and names its caller."""
+class StateClock:
+    """A ``StateView`` proxy that times every read and names the function that asked."""
 
     inner: Any
     calls: Counter = field(default_factory=Counter)
     seconds: defaultdict = field(default_factory=lambda: defaultdict(float))
 
-    def totals(self, *args: Any, **kwargs: Any) -> Any:
-        caller = sys._getframe(1).f_code.co_name
+    def _timed(self, method: str, *args: Any) -> Any:
+        key = f"{method} from {sys._getframe(2).f_code.co_name}"
         started = time.perf_counter()
         try:
-            return self.inner.totals(*args, **kwargs)
+            return getattr(self.inner, method)(*args)
         finally:
-            self.calls[caller] += 1
-            self.seconds[caller] += time.perf_counter() - started
+            self.calls[key] += 1
+            self.seconds[key] += time.perf_counter() - started
 
-    def samples(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner.samples(*args, **kwargs)
+    def totals(self, *args: Any) -> Any:
+        return self._timed("totals", *args)
 
-    def earliest(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner.earliest(*args, **kwargs)
+    def samples(self, *args: Any) -> Any:
+        return self._timed("samples", *args)
 
-    def faults(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner.faults(*args, **kwargs)
+    def earliest(self, *args: Any) -> Any:
+        return self._timed("earliest", *args)
+
+    def faults(self, *args: Any) -> Any:
+        return self._timed("faults", *args)
 
     def report(self, total_s: float) -> dict[str, Any]:
         spent = sum(self.seconds.values())
         return {
-            "totals_calls": sum(self.calls.values()),
-            "totals_s": round(spent, 2),
-            "totals_share": round(spent / total_s, 3) if total_s else None,
-            "by_caller": {name: {"calls": self.calls[name], "s": round(self.seconds[name], 2)}
-                          for name, _ in self.calls.most_common()},
+            "calls": sum(self.calls.values()),
+            "seconds": round(spent, 2),
+            "share": round(spent / total_s, 3) if total_s else None,
+            "by_caller": {key: {"calls": self.calls[key], "s": round(self.seconds[key], 2)}
+                          for key, _ in sorted(self.seconds.items(), key=lambda kv: -kv[1])},
         }
 
 
@@ -809,7 +820,7 @@ def per_rule(rules: Sequence[Any], state: Any, now: float, budget_s: float, rule
     estimate is then a lower bound."""
     from rules.engine import payload
 
-    clock = TotalsClock(state)
+    clock = StateClock(state)
     by_kind: dict[str, list[float]] = defaultdict(list)
     findings: Counter = Counter()
     slowest: list[tuple[float, str]] = []
@@ -916,7 +927,11 @@ def run_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     result["per_rule"] = per_rule(ruleset.rules, state, now, a.eval_budget, a.rule_timeout,
                                   a.profile)
     if not a.skip_redis:
-        result["redis"] = run_redis_eval(a, workdir, now, ruleset.rules)
+        try:
+            result["redis"] = run_redis_eval(a, workdir, now, ruleset.rules)
+        except Exception as exc:  # noqa: BLE001 - keep the in-memory figures
+            log(f"the RedisState part failed: {exc!r}")
+            result["redis_error"] = repr(exc)
     return result
 
 
@@ -996,6 +1011,8 @@ def run_redis_eval(a: argparse.Namespace, workdir: Path, now: float, rules: Sequ
 def print_report(result: dict[str, Any]) -> None:
     print(f"costline alert latency and evaluation cost — {time.strftime('%Y-%m-%d %H:%M')} "
           f"— {result['machine']['cpus']} CPUs, load {result['machine']['loadavg_1m']} at start")
+    if result.get("e2e_error"):
+        print(f"\n(1) end to end failed: {result['e2e_error']}")
     e2e = result.get("e2e")
     if e2e:
         print("\n(1) end to end: probe produced → first change for its group on NS.alerts.v1")
@@ -1049,13 +1066,15 @@ def print_report(result: dict[str, Any]) -> None:
             print(f"    {kind:<14} {k['rules']:>4} rules  mean {k['mean_s']:.3f}s  "
                   f"max {k['max_s']:.3f}s  findings {k['findings']}")
         reads = p["state_reads"]
-        print(f"  StateView.totals    {reads['totals_calls']} calls, {reads['totals_s']}s "
-              f"({reads['totals_share']} of the time); by caller:")
+        print(f"  StateView reads     {reads['calls']} calls, {reads['seconds']}s "
+              f"({reads['share']} of the time); by method and caller:")
         for caller, c in reads["by_caller"].items():
-            print(f"    {caller:<22} {c['calls']:>6} calls  {c['s']:>8.2f}s")
+            print(f"    {caller:<34} {c['calls']:>7} calls  {c['s']:>8.2f}s")
         print("  slowest rules:")
         for line in p["slowest"]:
             print(f"    {line}")
+        if ev.get("redis_error"):
+            print(f"\n  RedisState part failed: {ev['redis_error']}")
         redis = ev.get("redis")
         if redis:
             print(f"\n  RedisState (filled by the worker: {redis['aggregated']['events']:,} events "
@@ -1068,6 +1087,8 @@ def print_report(result: dict[str, Any]) -> None:
                   f"{redis['estimated_full_s']}s ({_how(rp, ev['rules'])})")
             for line in rp["slowest"]:
                 print(f"      {line}")
+            for caller, c in list(rp["state_reads"]["by_caller"].items())[:4]:
+                print(f"      {caller:<34} {c['calls']:>7} calls  {c['s']:>8.2f}s")
         if p.get("profile"):
             print("\n  profile of the rule-by-rule pass (pyinstrument):")
             print(p["profile"])
@@ -1119,7 +1140,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="costline-latency-") as tmp:
         workdir = Path(tmp)
         if not a.skip_e2e:
-            result["e2e"] = run_e2e(a, workdir)
+            try:
+                result["e2e"] = run_e2e(a, workdir)
+            except Exception as exc:  # noqa: BLE001 - keep going to the evaluation part
+                log(f"the end-to-end part failed: {exc!r}")
+                result["e2e_error"] = repr(exc)
         if not a.skip_eval:
             result["eval"] = run_eval(a, workdir)
     result["machine"]["loadavg_1m_end"] = round(os.getloadavg()[0], 2)

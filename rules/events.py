@@ -207,10 +207,19 @@ def _explain(exc: ValidationError, batch: bool, limit: int = 3) -> Rejection:
     errors = _fold_ts(exc.errors(include_url=False, include_context=False))
     first = errors[0]
     code = "invalid_json" if first["type"] == "json_invalid" else _code_for(first)
-    said = [f"{_where(e['loc'], batch)}: {e['msg']}" for e in errors[:limit]]
+    said = [_brief(f"{_where(e['loc'], batch)}: {e['msg']}") for e in errors[:limit]]
     if len(errors) > limit:
         said.append(f"... and {len(errors) - limit} more")
     return Rejection(code, "; ".join(said))
+
+
+def _brief(said: str, limit: int = 300) -> str:
+    """One printable line of bounded length: pydantic's messages may quote what the producer
+    sent (an unknown ``kind`` of any length, with any characters)."""
+    if not said.isprintable():
+        said = "".join(c if c.isprintable() else c.encode("unicode_escape").decode()
+                       for c in said)
+    return said if len(said) <= limit else said[: limit - 1] + "…"
 
 
 _CODES = {

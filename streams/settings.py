@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.connection import parse_url
 
 import rules
 
@@ -22,7 +23,9 @@ DEFAULT_PRICES = RULES_PACKAGE / "prices" / "example.yaml"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="COSTLINE_", frozen=True, extra="ignore")
+    # An error never repeats the value it refuses: the Redis URL may carry a password.
+    model_config = SettingsConfigDict(env_prefix="COSTLINE_", frozen=True, extra="ignore",
+                                      hide_input_in_errors=True)
 
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis or Valkey URL")
@@ -85,6 +88,19 @@ class Settings(BaseSettings):
     batch_within_s: float = Field(
         0.2, gt=0, description="longest wait for a batch to fill before it is applied"
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _readable_redis_url(cls, value: str) -> str:
+        """Read once here, so a URL redis-py cannot read fails with a message of ours: its own
+        (e.g. ``Port could not be cast to integer value as 's3cr'``) can quote the password."""
+        try:
+            parse_url(value)
+        except ValueError:
+            raise ValueError(
+                "not a Redis URL: redis://, rediss:// or unix://, with any of : / ? # @ in "
+                "the user name or password percent-encoded") from None
+        return value
 
     @field_validator("timezone")
     @classmethod

@@ -302,7 +302,7 @@ def billion_laughs(levels: int = 12) -> str:
     billion_laughs(),
     "base: &b {kind: budget, period: day, limit: 1}\nrules:\n  - <<: *b\n    name: x\n",
     "rules:\n  - &r\n    name: x\n    kind: budget\n    period: day\n    limit: 1\n  - *r\n",
-    "x: &x [" + ", ".join(["*x"] * 1) + "]\nrules: []\n",
+    "x: &x [*x]\nrules: []\n",
 ], ids=["billion-laughs", "merge-key", "repeated-rule", "self-reference"])
 def test_aliases_are_refused_where_they_stand_without_being_expanded(text):
     with pytest.raises(RulesInvalid) as caught:
@@ -363,9 +363,10 @@ UNSAFE_LOADERS = re.compile(
     r"|\bLoader\s*=|\bunsafe_load\b", re.M)
 
 
-def test_no_code_under_rules_evaluates_text_or_loads_yaml_unsafely():
-    sources = sorted((REPO / "rules").rglob("*.py"))
-    assert len(sources) > 10
+def test_no_code_evaluates_text_or_loads_yaml_unsafely():
+    sources = sorted(path for folder in ("rules", "connectors", "streams")
+                     for path in (REPO / folder).rglob("*.py"))
+    assert len([path for path in sources if path.parts[-2] == "rules"]) > 10
     found = [f"{path.relative_to(REPO)}:{text[:m.start()].count(chr(10)) + 1}: {m.group(0)}"
              for path in sources for text in [path.read_text()]
              for m in [*CODE_EXECUTION.finditer(text), *UNSAFE_LOADERS.finditer(text)]]
