@@ -14,7 +14,6 @@ import hashlib
 import json
 import time
 
-
 # A readable copy of the bytes is added only for small messages, and the bytes themselves only
 # up to 8 MiB (``raw_b64`` is 4/3 of them): the record must fit one Kafka record, or the
 # worker could never send it. A larger message is described by its size, its SHA-256 and its
