@@ -1,9 +1,9 @@
 """The dead-letter record of a refused input message (CONTRACT §2, ``NS.dlq.v1``).
 
 The record keeps the exact bytes (``raw_b64``; also as text in ``raw`` when they are UTF-8 and
-small) with where they came from and why they were refused. Its key is ``topic:partition:offset``: should a crash make the
-worker refuse the same message twice, the two records share a key and a reader (or log
-compaction) keeps one.
+small) with where they came from and why they were refused. Its key is
+``topic:partition:offset``: should a crash make the worker refuse the same message twice, the
+two records share a key and a reader (or log compaction) keeps one.
 """
 
 from __future__ import annotations
