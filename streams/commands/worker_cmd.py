@@ -3,10 +3,44 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import time
+from collections.abc import Callable
 
 import typer
 
 from streams.commands import command_group
+
+STARTUP_S = 120.0
+
+
+def _until_kafka_answers(bootstrap: str, step: Callable[[], object]) -> None:
+    """Run ``step`` once Kafka answers; a worker started while the broker is away (a restart,
+    an upgrade) waits for it rather than exiting. Once running, Faust reconnects by itself."""
+    from kafka.errors import KafkaError
+
+    from connectors.kafka import KafkaUnavailable, TopicError
+
+    delay = 0.5
+    while True:
+        try:
+            step()
+            return
+        except (KafkaUnavailable, TopicError, KafkaError, OSError) as exc:
+            typer.echo(f"costline worker: waiting for Kafka at {bootstrap}: {exc}", err=True)
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+def _kafka_answers(bootstrap: str) -> bool:
+    from connectors.kafka import KafkaUnavailable, api_versions
+
+    try:
+        api_versions(bootstrap, timeout_s=2.0)
+    except KafkaUnavailable:
+        return False
+    return True
 
 
 @command_group
@@ -24,8 +58,26 @@ def register(app: typer.Typer) -> None:
         from streams.topics import create_topics
 
         settings = settings_of(ctx)
-        create_topics(settings)
+        _until_kafka_answers(settings.kafka_bootstrap, lambda: create_topics(settings))
         app, _ = build_app(settings)
-        worker = faust.Worker(app, loglevel=loglevel, quiet=True)
         logging.getLogger("costline").setLevel(loglevel.upper())
-        worker.execute_from_commandline()
+        started = time.monotonic()
+        try:
+            faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+        except SystemExit as exit_:
+            # Faust gives up when the broker vanishes while it starts: wait and start again.
+            if exit_.code and time.monotonic() - started < STARTUP_S and \
+                    not _kafka_answers(settings.kafka_bootstrap):
+                typer.echo("costline worker: Kafka went away while starting; starting again "
+                           "once it answers", err=True)
+                _until_kafka_answers(settings.kafka_bootstrap,
+                                     lambda: _kafka_answers(settings.kafka_bootstrap) or
+                                     _raise_unavailable(settings.kafka_bootstrap))
+                os.execv(sys.executable, [sys.executable, "-m", "streams", *sys.argv[1:]])
+            raise
+
+
+def _raise_unavailable(bootstrap: str) -> None:
+    from connectors.kafka import KafkaUnavailable
+
+    raise KafkaUnavailable(f"no Kafka broker answered at {bootstrap}")
