@@ -14,6 +14,7 @@ import pytest
 from redis import Redis
 
 from streams.settings import Settings
+from tests.conftest import unavailable
 from streams.topics import create_topics
 from tests.integration.streamkit import (
     Ledger,
@@ -230,7 +231,7 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[str, Callable[..., None]]]:
     """A Redis of our own (appendonly, fsync every second) that the test may kill and restart."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed")
+        unavailable("redis-server", "not installed")
     port = free_port()
     data = tmp_path / "redis"
     data.mkdir()
