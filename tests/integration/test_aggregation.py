@@ -14,8 +14,8 @@ import pytest
 from redis import Redis
 
 from streams.settings import Settings
-from tests.conftest import unavailable
 from streams.topics import create_topics
+from tests.conftest import unavailable
 from tests.integration.streamkit import (
     Ledger,
     Worker,
