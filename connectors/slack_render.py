@@ -307,7 +307,12 @@ def escape(text: str) -> str:
 
 
 def headline(change: AlertChange) -> str:
-    """The figure against the line, in words: the heart of both ``text`` and the blocks."""
+    """The figure against the line, in words: the heart of both ``text`` and the blocks.
+
+    An alert made outside the rule engine (a stopped reclamation round) brings its own.
+    """
+    if change.record.get("headline"):
+        return str(change.record["headline"])
     value = figure(change, change.value)
     line = change.line or "its line"
     against = f" ({figure(change, change.threshold)})" if change.threshold is not None else ""

@@ -41,6 +41,7 @@ from streams.evaluator import Evaluator, RuleSource
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
+from streams.reclaim_alerts import cap_breach_alert, is_cap_breach
 from streams.reclaimer import ReclaimActions, Reclaimer, build_reclaimer
 from streams.settings import Settings
 
@@ -171,11 +172,15 @@ class Wiring:
         )
 
     def reclamation(self, evaluator: Evaluator) -> Reclaimer:
-        send = self.sender("actions")
+        send, alert = self.sender("actions"), self.sender("alerts")
 
         async def publish(record: dict[str, Any]) -> None:
             await send(str(record.get("action_id", "")).encode(),
                        json.dumps(record, separators=(",", ":")).encode())
+            if is_cap_breach(record):
+                change = cap_breach_alert(record, _notify_of(evaluator, record.get("rule")))
+                await alert(change["alert_id"].encode(),
+                            json.dumps(change, separators=(",", ":")).encode())
 
         reclaimer = build_reclaimer(self.settings, rules=evaluator.source.rules, sink=publish)
 
@@ -250,6 +255,13 @@ class Wiring:
                 labels = (("partition", str(partition)), ("topic", topic))
                 out[labels] = float(max(0, high - state.applied - 1))
         return out
+
+
+def _notify_of(evaluator: Evaluator, rule_name: Any) -> dict[str, Any]:
+    """Where a rule's alerts go (its ``notify`` block), for alerts made outside the engine."""
+    rule = evaluator.source.rules().get(str(rule_name))
+    notify = getattr(rule, "notify", None)
+    return notify.model_dump(exclude_none=True) if notify is not None else {}
 
 
 def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
