@@ -161,6 +161,20 @@ class RedisState:
                     oldest = float(first)
         return oldest
 
+    def earliest_by(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str]
+                    ) -> dict[Group, float]:
+        """``earliest`` of every group at once (one pass instead of one per group)."""
+        found: dict[Group, float] = {}
+        for slot in self.slots():
+            firsts = {_text(k): int(v) for k, v in self.redis.hgetall(first_seen_key(slot)).items()}
+            self._tagsets(slot, firsts)
+            for tsid, first in firsts.items():
+                dims = self._dims[(slot, tsid)]
+                if matches(match, dims):
+                    group = group_of(group_by, dims)
+                    found[group] = min(found.get(group, float(first)), float(first))
+        return found
+
     def faults(self, since: float) -> list[FaultRecord]:
         records: list[FaultRecord] = []
         for slot in self.slots():

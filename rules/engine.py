@@ -23,7 +23,7 @@ from rules.kinds import Rule
 from rules.loader import RuleSet, load_rules
 from rules.prices import PriceBook, format_micro
 from rules.silences import Silence, silence_for
-from rules.state import FaultHistory, FaultRecord, StateView
+from rules.state import EvaluationView, FaultHistory, FaultRecord, StateView
 
 
 def group_hash(group: Mapping[str, str]) -> str:
@@ -69,7 +69,8 @@ class Engine:
 
     def findings(self, state: StateView, now: float) -> dict[str, list[Finding]]:
         """Every rule's findings at ``now``."""
-        return {rule.name: rule.evaluate(state, now) for rule in self.rules}
+        view = state if isinstance(state, EvaluationView) else EvaluationView(state)
+        return {rule.name: rule.evaluate(view, now) for rule in self.rules}
 
     def evaluate(
         self,

@@ -149,3 +149,33 @@ def dimensions_of(
 def through(now: float) -> int:
     """End of the bucket holding ``now``: a total "so far" includes the bucket in progress."""
     return align_down(now) + BUCKET_S
+
+
+class EvaluationView:
+    """One evaluation's view of a state: ``totals`` answered once per distinct question.
+
+    Rules ask the same question many times in one evaluation (every finding of a rule asks for
+    the rule's breakdown by contributor); within one evaluation the answer cannot change, so
+    it is kept. Everything else goes to the state itself, so the optional ``HistoryView`` and
+    ``FaultHistory`` protocols hold exactly when they hold for the state.
+    """
+
+    def __init__(self, state: StateView) -> None:
+        self._state = state
+        self._answers: dict[tuple[object, ...], dict[Group, int]] = {}
+
+    def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
+               start: float, end: float) -> dict[Group, int]:
+        key = (measure, tuple(sorted(match.items())), tuple(group_by), start, end)
+        found = self._answers.get(key)
+        if found is None:
+            found = self._answers[key] = self._state.totals(measure, match, group_by, start,
+                                                             end)
+        return found
+
+    def samples(self, metric: str, match: Mapping[str, str], since: float
+                ) -> list[ResourceSamples]:
+        return self._state.samples(metric, match, since)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._state, name)

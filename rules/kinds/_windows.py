@@ -91,6 +91,10 @@ def _ready(
     A store that knows its history answers exactly; otherwise a group with nothing in the
     baseline's first window-length is taken as too young.
     """
+    earliest_by = getattr(state, "earliest_by", None)
+    if earliest_by is not None:
+        firsts = earliest_by(measure, match, group_by)
+        return {group: group in firsts and firsts[group] <= base_start for group in groups}
     if isinstance(state, HistoryView):
         return {
             group: _reaches_back(state, measure, narrowed(match, group_by, group), base_start)
