@@ -62,7 +62,7 @@ def job_state(job_id: str) -> SlurmJob | None:
 @pytest.fixture
 def running_job(slurm: None) -> Iterator[SlurmJob]:
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "-J", "costline-scrape-test", "-n", "1",
+        ["sbatch", "--parsable", "-J", "costline-scrape-test", "-n", "1", "--output=/dev/null",
          "--comment", "project=llm-70b team=pretrain owner=ana", "--wrap", "sleep 900"],
         capture_output=True, text=True, timeout=30, check=True)
     job_id = submitted.stdout.strip().split(";")[0]
