@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.conftest import unavailable
+from tests.integration.streamkit import configured_or_private_redis
 
 REPO = Path(__file__).parents[2]
 SCRIPT = REPO / ".ci" / "slurm.sh"
@@ -101,44 +101,8 @@ def slurm(slurm_up: None) -> Iterator[SlurmCluster]:
     cluster.cancel_all()
 
 
-def _answers(url: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if redis.Redis.from_url(url, socket_timeout=1).ping():
-                return True
-        except redis.RedisError:
-            time.sleep(0.05)
-    return False
-
-
 @pytest.fixture(scope="session")
 def reclaim_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``COSTLINE_REDIS_URL`` when set, else a private redis-server on a spare port."""
-    configured = os.environ.get("COSTLINE_REDIS_URL")
-    if configured:
-        if not _answers(configured, 3):
-            unavailable("Redis", f"COSTLINE_REDIS_URL={configured} does not answer")
-        yield configured
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        unavailable("Redis", "COSTLINE_REDIS_URL unset and redis-server not installed")
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    workdir = tmp_path_factory.mktemp("reclaim-redis")
-    process = subprocess.Popen(
-        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        if not _answers(url, 10):
-            unavailable("Redis", "a private redis-server did not start")
+    with configured_or_private_redis(tmp_path_factory.mktemp("redis")) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)

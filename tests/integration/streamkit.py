@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -227,3 +229,44 @@ def usage_event(rng: random.Random, event_id: str, ts: float) -> dict[str, Any]:
         "tags": {"team": rng.choice(["pretrain", "posttrain", "eval", "infra"]),
                  "env": rng.choice(["prod", "dev"]), "job": f"run-{rng.randrange(40)}"},
     }
+
+
+def redis_answers(url: str, seconds: float) -> bool:
+    """Whether the Redis at ``url`` answers PING within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if Redis.from_url(url, socket_timeout=1).ping():
+                return True
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.05)
+    return False
+
+
+@contextmanager
+def configured_or_private_redis(workdir: Path) -> Iterator[str]:
+    """``COSTLINE_REDIS_URL`` when set, else a private redis-server on a spare port."""
+    from tests.conftest import unavailable
+
+    configured = os.environ.get("COSTLINE_REDIS_URL")
+    if configured:
+        if not redis_answers(configured, 3):
+            unavailable("Redis", f"COSTLINE_REDIS_URL={configured} does not answer")
+        yield configured
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        unavailable("Redis", "COSTLINE_REDIS_URL unset and redis-server not installed")
+    port = free_port()
+    process = subprocess.Popen(
+        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        if not redis_answers(url, 10):
+            unavailable("Redis", "a private redis-server did not start")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -6,21 +6,16 @@ import hashlib
 import hmac
 import json
 import logging
-import os
-import shutil
 import socket
-import subprocess
 import time
 import traceback
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -36,7 +31,7 @@ from connectors.slack_ledger import SlackLedger
 from connectors.slack_render import KEEP_ACTION
 from connectors.slack_sender import DeliveryError, SlackNotifier
 from connectors.slack_server import LocalSlack, channel_id
-from tests.conftest import unavailable
+from tests.integration.streamkit import configured_or_private_redis
 
 TOKEN = "xoxb-notifier-test-7f3c"
 
@@ -75,42 +70,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_for_redis(url: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if redis.Redis.from_url(url, socket_timeout=1).ping():
-                return True
-        except redis.RedisError:
-            time.sleep(0.05)
-    return False
-
-
 @pytest.fixture(scope="module")
 def ledger_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """COSTLINE_REDIS_URL when set, else a private redis-server on a spare port."""
-    configured = os.environ.get("COSTLINE_REDIS_URL")
-    if configured:
-        if not wait_for_redis(configured, 3):
-            unavailable("Redis", f"COSTLINE_REDIS_URL={configured} does not answer")
-        yield configured
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        unavailable("Redis", "COSTLINE_REDIS_URL unset and redis-server not installed")
-    port, workdir = free_port(), Path(tmp_path_factory.mktemp("redis"))
-    process = subprocess.Popen(
-        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        if not wait_for_redis(url, 10):
-            unavailable("Redis", "a private redis-server did not start")
+    """``COSTLINE_REDIS_URL`` when set, else a private redis-server on a spare port."""
+    with configured_or_private_redis(tmp_path_factory.mktemp("redis")) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @pytest.fixture
