@@ -1,13 +1,15 @@
 """Kafka plumbing: reachability probe, broker identity, topic creation and a tuned producer.
 
-Plain parameters only (bootstrap strings, names, numbers) so that any layer can use it without
-the application's settings. Everything here talks kafka-python, except ``api_versions``: a
-readiness probe must answer in milliseconds and never start background threads or retry, so
-it speaks the one ApiVersions v0 frame over a bare socket.
+Plain parameters only (bootstrap strings, names, numbers, a ``KafkaSecurity``) so that any
+layer can use it without the application's settings. Everything here talks kafka-python, except
+``api_versions``: a readiness probe must answer in milliseconds and never start background
+threads or retry, so it speaks the one ApiVersions v0 frame over a bare socket (inside TLS when
+the connection asks for it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import socket
 import struct
@@ -19,6 +21,8 @@ from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 from kafka.protocol.broker_version_data import infer_broker_version_from_api_versions
+
+from connectors.kafka_security import PLAINTEXT, KafkaSecurity
 
 API_VERSIONS_KEY = 18
 TOPIC_ALREADY_EXISTS = 36
@@ -32,6 +36,10 @@ class KafkaUnavailable(RuntimeError):
 
 class TopicError(RuntimeError):
     """The broker refused to create a topic for a reason other than "it already exists"."""
+
+
+class KafkaLoginFailed(RuntimeError):
+    """The broker refused costline's SASL credentials (retrying will not help)."""
 
 
 def _host_port(item: str) -> tuple[str, int]:
@@ -80,9 +88,11 @@ def _parse_api_versions(body: bytes, correlation_id: int) -> dict[int, tuple[int
     return ranges
 
 
-def _api_versions_at(host: str, port: int, timeout_s: float) -> dict[int, tuple[int, int]]:
+def _api_versions_at(host: str, port: int, timeout_s: float, security: KafkaSecurity
+                     ) -> dict[int, tuple[int, int]]:
     correlation_id = 0x636C  # any value: the answer must echo it
-    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+    with socket.create_connection((host, port), timeout=timeout_s) as raw, \
+            security.wrap(raw, host) as sock:
         sock.sendall(_api_versions_request(correlation_id, b"costline-probe"))
         (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
         if not 10 <= size <= 1 << 20:
@@ -90,18 +100,53 @@ def _api_versions_at(host: str, port: int, timeout_s: float) -> dict[int, tuple[
         return _parse_api_versions(_recv_exactly(sock, size), correlation_id)
 
 
-def api_versions(bootstrap: str, timeout_s: float = 2.0) -> dict[int, tuple[int, int]]:
+def api_versions(bootstrap: str, timeout_s: float = 2.0,
+                 security: KafkaSecurity = PLAINTEXT) -> dict[int, tuple[int, int]]:
     """The API key → (min, max) version ranges of the first bootstrap server that answers.
 
-    Raises ``KafkaUnavailable`` naming every server tried when none speaks Kafka.
+    Raises ``KafkaUnavailable`` naming every server tried when none speaks Kafka (a TLS
+    handshake that fails is one way of not answering).
     """
     failures: list[str] = []
     for host, port in parse_bootstrap(bootstrap):
         try:
-            return _api_versions_at(host, port, timeout_s)
+            return _api_versions_at(host, port, timeout_s, security)
         except (OSError, struct.error) as exc:
             failures.append(f"{host}:{port}: {exc or type(exc).__name__}")
     raise KafkaUnavailable("no Kafka broker answered: " + "; ".join(failures))
+
+
+def check_login(bootstrap: str, security: KafkaSecurity, timeout_s: float = 10.0) -> None:
+    """Log in once to the first bootstrap server, so a refused password is reported at once
+    and with the broker's reason (which never repeats the password).
+
+    kafka-python retries a refused login until its bootstrap timeout and then says only
+    "Unable to bootstrap"; one aiokafka connection fails at once with the reason. Anything
+    other than a refused login is left to the client that follows.
+    """
+    if not security.uses_sasl:
+        return
+    host, port = parse_bootstrap(bootstrap)[0]
+    asyncio.run(_login(host, port, security, timeout_s))
+
+
+async def _login(host: str, port: int, security: KafkaSecurity, timeout_s: float) -> None:
+    from aiokafka.conn import create_conn
+    from aiokafka.errors import KafkaError as AIOKafkaError
+
+    try:
+        conn = await asyncio.wait_for(create_conn(
+            host, port, client_id="costline-login", request_timeout_ms=int(timeout_s * 1000),
+            **security.client_kwargs()), timeout_s)
+    except AIOKafkaError as exc:
+        if "authentication" in str(exc).lower():
+            raise KafkaLoginFailed(
+                f"Kafka at {host}:{port} refused the login of {security.sasl_username!r} "
+                f"({security.sasl_mechanism}): {exc}") from None
+        return
+    except (OSError, TimeoutError):
+        return
+    conn.close()
 
 
 @dataclass(frozen=True)
@@ -134,11 +179,12 @@ def _implementation(features: Mapping[str, Any]) -> str:
     return "Apache Kafka (KRaft)" if finalized else "Kafka-compatible broker"
 
 
-def broker_info(bootstrap: str, timeout_s: float = 10.0) -> BrokerInfo:
+def broker_info(bootstrap: str, timeout_s: float = 10.0,
+                security: KafkaSecurity = PLAINTEXT) -> BrokerInfo:
     """Identify the broker behind ``bootstrap`` (version implied by its API ranges, features)."""
-    ranges = api_versions(bootstrap, timeout_s=min(timeout_s, 5.0))
+    ranges = api_versions(bootstrap, timeout_s=min(timeout_s, 5.0), security=security)
     version = ".".join(str(part) for part in infer_broker_version_from_api_versions(ranges))
-    client = admin(bootstrap, timeout_s=timeout_s)
+    client = admin(bootstrap, timeout_s=timeout_s, security=security)
     try:
         features: dict[str, Any] = _features_of(client)
         cluster = client.describe_cluster()
@@ -162,7 +208,8 @@ def _features_of(client: KafkaAdminClient) -> dict[str, Any]:
         return {}
 
 
-def admin(bootstrap: str, *, client_id: str = "costline-admin", timeout_s: float = 30.0) -> Any:
+def admin(bootstrap: str, *, client_id: str = "costline-admin", timeout_s: float = 30.0,
+          security: KafkaSecurity = PLAINTEXT) -> Any:
     """A ``KafkaAdminClient`` that gives up after ``timeout_s`` instead of retrying forever."""
     millis = int(timeout_s * 1000)
     return KafkaAdminClient(
@@ -170,7 +217,17 @@ def admin(bootstrap: str, *, client_id: str = "costline-admin", timeout_s: float
         client_id=client_id,
         request_timeout_ms=millis,
         bootstrap_timeout_ms=millis,
+        **security.client_kwargs(),
     )
+
+
+def consumer(bootstrap: str, *topics: str, security: KafkaSecurity = PLAINTEXT,
+             **options: Any) -> Any:
+    """A ``KafkaConsumer`` (``options`` are kafka-python's) on the given connection."""
+    from kafka import KafkaConsumer
+
+    return KafkaConsumer(*topics, bootstrap_servers=bootstrap, **options,
+                         **security.client_kwargs())
 
 
 @dataclass(frozen=True)
@@ -237,6 +294,7 @@ def producer(
     compression: str | None = None,
     batch_bytes: int = 512 * 1024,
     timeout_s: float = 30.0,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> Any:
     """A durable, idempotent producer tuned for throughput.
 
@@ -258,6 +316,7 @@ def producer(
         allow_auto_create_topics=False,
         bootstrap_timeout_ms=millis,
         max_block_ms=millis,
+        **security.client_kwargs(),
     )
 
 

@@ -2,9 +2,9 @@
 
 Topics carry raw bytes and the aggregation agent decodes them itself
 (``rules.events.parse_message``), so a bad message becomes a dead letter instead of an
-exception inside Faust. The agent takes messages in batches (``take_events``): one Redis script
-call per partition per batch is what makes the pipeline fast, and Faust acknowledges a batch
-only after the call returned.
+exception inside Faust. The agent takes messages in batches (``take_events``) and folds them
+into per-partition windows that a writer task applies to Redis, one script call per window
+(``streams.aggregator``).
 
 Where to resume a partition is decided by Redis, not by Kafka's committed offsets: when a
 rebalance completes, and before Faust seeks to the committed offsets, the worker commits the
@@ -61,6 +61,8 @@ def faust_app(settings: Settings) -> faust.App:
     return faust.App(
         f"{settings.namespace}-aggregator",
         broker=faust_broker(settings.kafka_bootstrap),
+        # TLS and SASL for Faust's consumer, producer and topic creation alike.
+        broker_credentials=settings.kafka_security().faust_credentials(),
         store="memory://",
         datadir=str(datadir),
         web_port=settings.web_port,
@@ -135,7 +137,7 @@ class Wiring:
             writer=BatchWriter(self.redis, settings.namespace, Calendar(settings.timezone),
                                settings.dedup_horizon_s),
             folder=Folder(self.prices), send_dead_letter=self.sender("dlq"), seek=seek,
-            metrics=self.metrics, health=self.health,
+            metrics=self.metrics, health=self.health, window_events=settings.window_events,
         )
         source = app.topic(*sources, value_serializer="raw", key_serializer="raw")
 
@@ -187,9 +189,12 @@ class Wiring:
         async def evaluate() -> None:
             evaluation = await evaluator.step()
             if evaluation is not None:
-                await reclaimer.submit(evaluation.findings, evaluation.at)
+                # Reused findings were submitted when they were found.
+                await reclaimer.submit(evaluation.evaluated(), evaluation.at)
 
-        self.every(2.0, "evaluation", evaluate, on_leader=True)
+        # Polling the data generation is one MGET: often enough that an alert follows its
+        # spend within a fraction of a second; the evaluator decides whether to evaluate.
+        self.every(self.settings.rules_poll_s, "evaluation", evaluate, on_leader=True)
         # Grace periods end, plans are re-verified and released with time alone.
         self.every(15.0, "reclaim", reclaimer.tick, on_leader=True)
         return reclaimer
@@ -213,6 +218,7 @@ class Wiring:
         """An idle worker makes no Redis or Kafka calls of its own: these make an outage
         visible in ``/healthz`` anyway (Faust reconnects to Kafka by itself)."""
         health, settings = self.health, self.settings
+        security = settings.kafka_security()
 
         async def redis_answers() -> None:
             try:
@@ -224,7 +230,7 @@ class Wiring:
 
         async def kafka_answers() -> None:
             try:
-                await asyncio.to_thread(api_versions, settings.kafka_bootstrap, 2.0)
+                await asyncio.to_thread(api_versions, settings.kafka_bootstrap, 2.0, security)
             except KafkaUnavailable as exc:
                 health.failing("kafka", str(exc))
             else:
@@ -288,7 +294,8 @@ def _describe(metrics: Metrics) -> None:
         "redis_apply_seconds": "latency of one batch write to Redis",
         "evaluations_total": "rule evaluations run",
         "alert_changes_total": "alert state changes published",
-        "evaluation_seconds": "latency of one evaluation of every rule",
+        "evaluation_seconds": "latency of one evaluation (every rule on the tick; between "
+                              "ticks, the rules new data can change)",
         "consumer_lag": "input messages not yet applied to Redis",
     }.items():
         metrics.describe(name, text)

@@ -51,8 +51,10 @@ def _root(
         ctx.obj = Settings(**overrides)
     except ValidationError as exc:
         for error in exc.errors(include_url=False):
+            # A check across several settings has no single field: its message names them.
             field = ".".join(str(p) for p in error["loc"])
-            typer.echo(f"costline: setting {field}: {error['msg']}", err=True)
+            where = f"setting {field}" if field else "settings"
+            typer.echo(f"costline: {where}: {error['msg']}", err=True)
         raise typer.Exit(2) from exc
 
 

@@ -23,8 +23,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from connectors.kafka_security import PLAINTEXT
 from streams.scenario import DEV_BOXES, Scenario, training_cluster
 from streams.settings import Settings
+
+KAFKA_SECURITY_VARIABLES = ("COSTLINE_KAFKA_SECURITY_", "COSTLINE_KAFKA_SASL_",
+                            "COSTLINE_KAFKA_SSL_")
 
 console = Console(stderr=True)
 
@@ -40,6 +44,7 @@ class Demo:
                  quiet: bool) -> None:
         self.settings, self.days = settings, days
         self.use_running, self.keep, self.quiet = use_running, keep, quiet
+        self.kafka_security = PLAINTEXT  # the embedded stack's; the running one's is set later
         self.namespace = f"demo-{secrets.token_hex(3)}"
         self.state_dir = settings.state_dir / "demo"
 
@@ -89,7 +94,7 @@ class Demo:
 
     def _rules(self, live: bool) -> Path:
         """The shipped rules, with idle reclamation's grace cut to 30 s so the demo can show
-        it (and live only when the boxes are real Slurm jobs)."""
+        it (live only when the boxes are real Slurm jobs, else a dry run that names no job)."""
         from ruamel.yaml import YAML
 
         from rules.loader import rule_files
@@ -104,6 +109,8 @@ class Demo:
                 if rule.get("kind") == "idle" and rule.get("reclaim"):
                     rule["reclaim"]["grace"] = "30s"
                     rule["mode"] = "live" if live else "dry_run"
+                    if not live:  # no Slurm job holds the boxes: nothing for slurm to name
+                        rule["reclaim"] = _dry_run_reclaim(rule["reclaim"])
             with (target / source.name).open("w") as out:
                 yaml.dump(document, out)
         return target
@@ -118,8 +125,12 @@ class Demo:
         if self.use_running:
             env.update(COSTLINE_KAFKA_BOOTSTRAP=self.settings.kafka_bootstrap,
                        COSTLINE_REDIS_URL=self.settings.redis_url)
+            self.kafka_security = self.settings.kafka_security()
             yield env
             return
+        # The embedded broker speaks PLAINTEXT only: the worker must not try TLS or SASL on it.
+        for name in [name for name in env if name.startswith(KAFKA_SECURITY_VARIABLES)]:
+            del env[name]
         from streams import stack
 
         self.say("[bold]Starting the embedded stack[/] (Tansu broker, Valkey)…")
@@ -171,7 +182,8 @@ class Demo:
                    COSTLINE_KAFKA_REBALANCE_TIMEOUT_S=env.get(
                        "COSTLINE_KAFKA_REBALANCE_TIMEOUT_S", "3"))
         create_topics(Settings(kafka_bootstrap=env["COSTLINE_KAFKA_BOOTSTRAP"],
-                               namespace=self.namespace, partitions=4))
+                               namespace=self.namespace, partitions=4),
+                      security=self.kafka_security)
         log = (self.state_dir / "demo-worker.log")
         log.parent.mkdir(parents=True, exist_ok=True)
         self.say(f"Starting the worker (log: {log})…")
@@ -192,7 +204,8 @@ class Demo:
     def _play(self, env: dict[str, str], scenario: Scenario) -> None:
         from connectors.kafka import producer
 
-        out = producer(env["COSTLINE_KAFKA_BOOTSTRAP"], client_id="costline-demo")
+        out = producer(env["COSTLINE_KAFKA_BOOTSTRAP"], client_id="costline-demo",
+                       security=self.kafka_security)
         usage, faults = f"{self.namespace}.usage.v1", f"{self.namespace}.faults.v1"
         events = 0
         for message in scenario.usage:
@@ -212,7 +225,8 @@ class Demo:
         from streams.topics import end_offsets
 
         redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
-        targets = end_offsets(env["COSTLINE_KAFKA_BOOTSTRAP"], self.namespace)
+        targets = end_offsets(env["COSTLINE_KAFKA_BOOTSTRAP"], self.namespace,
+                              self.kafka_security)
         deadline = time.time() + timeout
         with console.status("The worker is counting…") if not self.quiet else _null():
             while time.time() < deadline:
@@ -245,12 +259,12 @@ class Demo:
     def _wait_for_releases(self, env: dict[str, str], most: float = 90.0
                            ) -> list[dict[str, Any]]:
         """The reclamation audit log, once every plan has closed (or ``most`` has passed)."""
-        from kafka import KafkaConsumer
+        from connectors.kafka import consumer as kafka_consumer
 
         topic = f"{self.namespace}.actions.v1"
-        consumer = KafkaConsumer(topic, bootstrap_servers=env["COSTLINE_KAFKA_BOOTSTRAP"],
-                                 auto_offset_reset="earliest", enable_auto_commit=False,
-                                 consumer_timeout_ms=2000)
+        consumer = kafka_consumer(env["COSTLINE_KAFKA_BOOTSTRAP"], topic,
+                                  security=self.kafka_security, auto_offset_reset="earliest",
+                                  enable_auto_commit=False, consumer_timeout_ms=2000)
         records: dict[str, dict[str, Any]] = {}
         began = time.time()
         with console.status("Waiting for the grace periods to end…") if not self.quiet \
@@ -336,6 +350,15 @@ class Demo:
 @contextmanager
 def _null() -> Iterator[None]:
     yield
+
+
+def _dry_run_reclaim(reclaim: dict[str, Any]) -> dict[str, Any]:
+    """A rule's reclaim block for the ``dry_run`` connector: its common keys, none of the
+    keys only its own connector takes (``action`` is Slurm's)."""
+    from connectors.reclaim.dry_run import DryRunParams
+
+    kept = {k: v for k, v in reclaim.items() if k in DryRunParams.model_fields}
+    return {"connector": "dry_run", "grace": reclaim.get("grace", "30s"), **kept}
 
 
 def _quiet_ok(argv: list[str]) -> bool:

@@ -7,19 +7,24 @@ is masked, so printing the settings object never reveals them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.connection import parse_url
 
 import rules
+from connectors.kafka_security import KafkaSecurity, KafkaSecurityError
 
 RULES_PACKAGE = Path(rules.__file__).parent
 DEFAULT_RULES = RULES_PACKAGE / "definitions"
 DEFAULT_PRICES = RULES_PACKAGE / "prices" / "example.yaml"
+# redis-py reads these from a rediss:// URL's query and opens the files at connect time.
+REDIS_TLS_FILES = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
 
 
 class Settings(BaseSettings):
@@ -85,9 +90,65 @@ class Settings(BaseSettings):
     rules_tick_s: float = Field(
         30.0, gt=0, description="evaluate the rules at least this often, data or not"
     )
+    rules_poll_s: float = Field(
+        0.15, gt=0, description="how often the leader looks for new data to evaluate the rules on"
+    )
     batch_within_s: float = Field(
         0.2, gt=0, description="longest wait for a batch to fill before it is applied"
     )
+    window_events: int = Field(
+        20_000, ge=1, description="most events of one partition folded together while its "
+        "previous Redis write is in flight (bigger: fewer, cheaper writes; more memory)"
+    )
+
+    # How every Kafka client connects (docs/SECURITY.md, "Transport security").
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security.protocol of every client")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "PLAIN", description="SASL mechanism (SASL_PLAINTEXT, SASL_SSL)")
+    kafka_sasl_username: str | None = Field(None, description="SASL user name")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password")
+    kafka_ssl_cafile: Path | None = Field(
+        None, description="PEM CA bundle the brokers' certificates chain to (default: the "
+        "system's)")
+    kafka_ssl_certfile: Path | None = Field(
+        None, description="PEM client certificate, for brokers that require one (mutual TLS)")
+    kafka_ssl_keyfile: Path | None = Field(
+        None, description="PEM key of the client certificate (default: inside the certfile)")
+    kafka_ssl_key_password: SecretStr | None = Field(
+        None, description="passphrase of an encrypted client key")
+    kafka_ssl_check_hostname: bool = Field(
+        True, description="check that a broker's certificate names the host connected to")
+
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _upper_case(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _usable_kafka_security(self) -> Settings:
+        """Refuse combinations that would silently connect less securely than asked, naming the
+        variables involved (never their values)."""
+        problems = [problem for check in KAFKA_SECURITY_CHECKS if (problem := check(self))]
+        # Loading the TLS files is worth trying only once they exist and fit together.
+        problems = problems or [problem for problem in [_loadable_tls(self)] if problem]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def kafka_security(self) -> KafkaSecurity:
+        """How every Kafka client of this configuration connects."""
+        return KafkaSecurity(
+            protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=_revealed(self.kafka_sasl_password),
+            ssl_cafile=self.kafka_ssl_cafile,
+            ssl_certfile=self.kafka_ssl_certfile,
+            ssl_keyfile=self.kafka_ssl_keyfile,
+            ssl_key_password=_revealed(self.kafka_ssl_key_password),
+            ssl_check_hostname=self.kafka_ssl_check_hostname,
+        )
 
     @field_validator("redis_url")
     @classmethod
@@ -95,11 +156,18 @@ class Settings(BaseSettings):
         """Read once here, so a URL redis-py cannot read fails with a message of ours: its own
         (e.g. ``Port could not be cast to integer value as 's3cr'``) can quote the password."""
         try:
-            parse_url(value)
+            options = parse_url(value)
         except ValueError:
             raise ValueError(
                 "not a Redis URL: redis://, rediss:// or unix://, with any of : / ? # @ in "
                 "the user name or password percent-encoded") from None
+        tls_options = sorted(key for key in options if key.startswith("ssl_"))
+        if tls_options and not value.startswith("rediss://"):
+            # redis-py would fail only at the first command, with a TypeError.
+            raise ValueError(f"{', '.join(tls_options)} in the Redis URL need a rediss:// URL")
+        for key in REDIS_TLS_FILES:
+            if key in options and not Path(options[key]).exists():
+                raise ValueError(f"{key} in the Redis URL: no such file {options[key]}")
         return value
 
     @field_validator("timezone")
@@ -122,6 +190,75 @@ class Settings(BaseSettings):
             "COSTLINE_REDIS_URL": self.redis_url,
             "COSTLINE_NAMESPACE": self.namespace,
         }
+
+
+def _revealed(secret: SecretStr | None) -> str | None:
+    return secret.get_secret_value() if secret is not None else None
+
+
+_PROTOCOL = "COSTLINE_KAFKA_SECURITY_PROTOCOL"
+
+
+def _sasl_credentials_given(settings: Settings) -> str | None:
+    if settings.kafka_security().uses_sasl:
+        missing = [name for name, value in (
+            ("COSTLINE_KAFKA_SASL_USERNAME", settings.kafka_sasl_username),
+            ("COSTLINE_KAFKA_SASL_PASSWORD", settings.kafka_sasl_password),
+        ) if not value]
+        if missing:
+            return (f"{' and '.join(missing)} must be set with "
+                    f"{_PROTOCOL}={settings.kafka_security_protocol}")
+    return None
+
+
+def _nothing_unused(settings: Settings) -> str | None:
+    """Credentials or certificates the protocol would ignore mean the protocol is wrong:
+    say so instead of connecting without them."""
+    security = settings.kafka_security()
+    unused = [name for name, value, used in (
+        ("COSTLINE_KAFKA_SASL_USERNAME", settings.kafka_sasl_username, security.uses_sasl),
+        ("COSTLINE_KAFKA_SASL_PASSWORD", settings.kafka_sasl_password, security.uses_sasl),
+        ("COSTLINE_KAFKA_SSL_CAFILE", settings.kafka_ssl_cafile, security.uses_tls),
+        ("COSTLINE_KAFKA_SSL_CERTFILE", settings.kafka_ssl_certfile, security.uses_tls),
+        ("COSTLINE_KAFKA_SSL_KEYFILE", settings.kafka_ssl_keyfile, security.uses_tls),
+        ("COSTLINE_KAFKA_SSL_KEY_PASSWORD", settings.kafka_ssl_key_password, security.uses_tls),
+    ) if value and not used]
+    if unused:
+        return (f"{', '.join(unused)} set, but {_PROTOCOL}={settings.kafka_security_protocol} "
+                "does not use them (SSL, SASL_PLAINTEXT or SASL_SSL?)")
+    return None
+
+
+def _key_with_certificate(settings: Settings) -> str | None:
+    if settings.kafka_ssl_certfile is None and (
+            settings.kafka_ssl_keyfile or settings.kafka_ssl_key_password):
+        return ("COSTLINE_KAFKA_SSL_KEYFILE and COSTLINE_KAFKA_SSL_KEY_PASSWORD need "
+                "COSTLINE_KAFKA_SSL_CERTFILE")
+    return None
+
+
+def _tls_files_exist(settings: Settings) -> str | None:
+    missing = [f"{name}: no such file {path}" for name, path in (
+        ("COSTLINE_KAFKA_SSL_CAFILE", settings.kafka_ssl_cafile),
+        ("COSTLINE_KAFKA_SSL_CERTFILE", settings.kafka_ssl_certfile),
+        ("COSTLINE_KAFKA_SSL_KEYFILE", settings.kafka_ssl_keyfile),
+    ) if path is not None and not path.is_file()]
+    return "; ".join(missing) or None
+
+
+def _loadable_tls(settings: Settings) -> str | None:
+    """Build the TLS context once now, so a wrong key password or a file that is not PEM is
+    reported at start, not as a failed handshake later."""
+    try:
+        settings.kafka_security().ssl_context()
+    except KafkaSecurityError as exc:
+        return str(exc)
+    return None
+
+
+KAFKA_SECURITY_CHECKS: tuple[Callable[[Settings], str | None], ...] = (
+    _sasl_credentials_given, _nothing_unused, _key_with_certificate, _tls_files_exist,
+)
 
 
 @lru_cache(maxsize=1)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from connectors.kafka import TopicSpec, admin, ensure_topics
+from connectors.kafka import TopicSpec, admin, check_login, consumer, ensure_topics
+from connectors.kafka_security import PLAINTEXT, KafkaSecurity
 from streams.settings import Settings
 
 INPUTS = ("usage", "faults")
@@ -17,26 +18,31 @@ def topic_specs(settings: Settings, partitions: int | None = None) -> list[Topic
     return specs
 
 
-def create_topics(settings: Settings, partitions: int | None = None) -> list[str]:
-    """Create the missing topics; returns the names created (idempotent)."""
-    client = admin(settings.kafka_bootstrap)
+def create_topics(settings: Settings, partitions: int | None = None,
+                  security: KafkaSecurity | None = None) -> list[str]:
+    """Create the missing topics; returns the names created (idempotent). ``security``
+    overrides the settings' own (for a broker other than the configured one)."""
+    security = security or settings.kafka_security()
+    check_login(settings.kafka_bootstrap, security)  # a refused password fails at once
+    client = admin(settings.kafka_bootstrap, security=security)
     try:
         return ensure_topics(client, topic_specs(settings, partitions))
     finally:
         client.close()
 
 
-def end_offsets(bootstrap: str, namespace: str) -> dict[tuple[str, int], int]:
+def end_offsets(bootstrap: str, namespace: str, security: KafkaSecurity = PLAINTEXT
+                ) -> dict[tuple[str, int], int]:
     """Where each input partition of ``namespace`` ends now: how far a worker must get."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    client = consumer(bootstrap, security=security)
     try:
         wanted = []
         for name in INPUTS:
             topic = f"{namespace}.{name}.v1"
-            wanted += [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        ends = consumer.end_offsets(wanted) if wanted else {}
+            wanted += [TopicPartition(topic, p) for p in client.partitions_for_topic(topic) or ()]
+        ends = client.end_offsets(wanted) if wanted else {}
         return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
     finally:
-        consumer.close()
+        client.close()

@@ -114,7 +114,8 @@ def usage_stream(ctx: typer.Context, summary: Summary, batch: int = DEFAULT_BATC
     topic = settings.topic("usage")
     try:
         _ensure_topics(ctx)
-        client, send = _kafka_sender(settings.kafka_bootstrap, {"usage": topic}, summary)
+        client, send = _kafka_sender(settings.kafka_bootstrap, {"usage": topic}, summary,
+                                     settings.kafka_security())
         partitions = len(client.partitions_for(topic))
     except Exception as exc:  # noqa: BLE001 - kafka-python errors share no usable base
         _err.print(f"[bold red]costline:[/] Kafka at {settings.kafka_bootstrap}: "

@@ -25,12 +25,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from connectors.kafka import (
+    KafkaLoginFailed,
     KafkaUnavailable,
     TopicError,
     api_versions,
     partition_of,
     producer,
 )
+from connectors.kafka_security import KafkaSecurity
 from rules.events import MAX_BATCH, Parsed, parse_message
 from streams.cli import settings_of
 from streams.commands import command_group
@@ -291,8 +293,9 @@ def _print_summary(summary: Summary) -> None:
             typer.echo(f"  ... and {hidden} more (--json lists them all)")
 
 
-def _kafka_sender(bootstrap: str, names: dict[str, str], summary: Summary) -> tuple[Any, Send]:
-    client = producer(bootstrap, client_id="costline-produce")
+def _kafka_sender(bootstrap: str, names: dict[str, str], summary: Summary,
+                  security: KafkaSecurity) -> tuple[Any, Send]:
+    client = producer(bootstrap, client_id="costline-produce", security=security)
 
     def send(message: Message) -> None:
         topic_name = names[message.topic]
@@ -325,8 +328,9 @@ def _ensure_topics(ctx: typer.Context) -> None:
     A quick ApiVersions probe first, so an unreachable broker fails in milliseconds rather
     than after the admin client's bootstrap timeout.
     """
-    api_versions(settings_of(ctx).kafka_bootstrap, timeout_s=5.0)
-    create_topics(settings_of(ctx))
+    settings = settings_of(ctx)
+    api_versions(settings.kafka_bootstrap, timeout_s=5.0, security=settings.kafka_security())
+    create_topics(settings)
 
 
 @command_group
@@ -356,8 +360,9 @@ def register(app: typer.Typer) -> None:
             sources = _open_all(stack, files)
             try:
                 _ensure_topics(ctx)
-                client, send = _kafka_sender(settings.kafka_bootstrap, names, summary)
-            except (KafkaError, KafkaUnavailable, TopicError) as exc:
+                client, send = _kafka_sender(settings.kafka_bootstrap, names, summary,
+                                             settings.kafka_security())
+            except (KafkaError, KafkaUnavailable, KafkaLoginFailed, TopicError) as exc:
                 _err.print(f"[bold red]costline produce:[/] Kafka at "
                            f"{settings.kafka_bootstrap}: {type(exc).__name__}: {exc}")
                 raise typer.Exit(2) from exc

@@ -8,7 +8,15 @@ import typer
 from kafka.errors import KafkaError
 from rich.console import Console
 
-from connectors.kafka import KafkaUnavailable, TopicError, admin, api_versions, ensure_topics
+from connectors.kafka import (
+    KafkaLoginFailed,
+    KafkaUnavailable,
+    TopicError,
+    admin,
+    api_versions,
+    check_login,
+    ensure_topics,
+)
 from streams.cli import settings_of
 from streams.commands import command_group
 from streams.topics import topic_specs
@@ -33,14 +41,17 @@ def register(app: typer.Typer) -> None:
         """Create the missing topics; existing ones are left as they are."""
         settings = settings_of(ctx)
         specs = topic_specs(settings, partitions)
+        security = settings.kafka_security()
         try:
-            api_versions(settings.kafka_bootstrap, timeout_s=5.0)  # fail fast when unreachable
-            client = admin(settings.kafka_bootstrap, timeout_s=20.0)
+            # fail fast when unreachable (or when TLS does not agree)
+            api_versions(settings.kafka_bootstrap, timeout_s=5.0, security=security)
+            check_login(settings.kafka_bootstrap, security)
+            client = admin(settings.kafka_bootstrap, timeout_s=20.0, security=security)
             try:
                 created = ensure_topics(client, specs)
             finally:
                 client.close()
-        except (KafkaUnavailable, TopicError) as exc:
+        except (KafkaUnavailable, KafkaLoginFailed, TopicError) as exc:
             _err.print(f"[bold red]costline topics:[/] {exc}")
             raise typer.Exit(1) from exc
         except KafkaError as exc:

@@ -7,10 +7,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import typer
 
 from streams.commands import command_group
+
+if TYPE_CHECKING:
+    from connectors.kafka_security import KafkaSecurity
 
 STARTUP_S = 120.0
 
@@ -33,11 +37,11 @@ def _until_kafka_answers(bootstrap: str, step: Callable[[], object]) -> None:
         delay = min(delay * 2, 10.0)
 
 
-def _kafka_answers(bootstrap: str) -> bool:
+def _kafka_answers(bootstrap: str, security: KafkaSecurity) -> bool:
     from connectors.kafka import KafkaUnavailable, api_versions
 
     try:
-        api_versions(bootstrap, timeout_s=2.0)
+        api_versions(bootstrap, timeout_s=2.0, security=security)
     except KafkaUnavailable:
         return False
     return True
@@ -53,12 +57,17 @@ def register(app: typer.Typer) -> None:
         """Run the Faust stream processors (aggregation into Redis) until stopped."""
         import faust
 
+        from connectors.kafka import KafkaLoginFailed
         from streams.app import build_app
         from streams.cli import settings_of
         from streams.topics import create_topics
 
         settings = settings_of(ctx)
-        _until_kafka_answers(settings.kafka_bootstrap, lambda: create_topics(settings))
+        try:
+            _until_kafka_answers(settings.kafka_bootstrap, lambda: create_topics(settings))
+        except KafkaLoginFailed as exc:  # waiting would not make the password right
+            typer.echo(f"costline worker: {exc}", err=True)
+            raise typer.Exit(2) from exc
         app, _ = build_app(settings)
         logging.getLogger("costline").setLevel(loglevel.upper())
         started = time.monotonic()
@@ -66,12 +75,13 @@ def register(app: typer.Typer) -> None:
             faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
         except SystemExit as exit_:
             # Faust gives up when the broker vanishes while it starts: wait and start again.
+            security = settings.kafka_security()
             if exit_.code and time.monotonic() - started < STARTUP_S and \
-                    not _kafka_answers(settings.kafka_bootstrap):
+                    not _kafka_answers(settings.kafka_bootstrap, security):
                 typer.echo("costline worker: Kafka went away while starting; starting again "
                            "once it answers", err=True)
                 _until_kafka_answers(settings.kafka_bootstrap,
-                                     lambda: _kafka_answers(settings.kafka_bootstrap) or
+                                     lambda: _kafka_answers(settings.kafka_bootstrap, security) or
                                      _raise_unavailable(settings.kafka_bootstrap))
                 os.execv(sys.executable, [sys.executable, "-m", "streams", *sys.argv[1:]])
             raise
