@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/throughput.py [--events N] [--tagsets N] [--partitions N] [--json]
         [--single-events N] [--batch-size N] [--without-rules] [--profile py-spy|pyinstrument]
-        [--save PATH]
+        [--scale N,N,...] [--scale-partitions N] [--save PATH]
 
 One data set of usage events (realistic shapes, Zipf-popular tag sets, timestamps over the
 last two days) is generated once and produced with kafka-python before anything is timed:
@@ -27,6 +27,17 @@ generator's (``PriceBook.charge``, to the micro-unit). The machine's load during
 is printed too: other work on the machine shows there. ``--without-rules`` adds a pass of
 the batched worker with an empty rule directory; ``--profile`` a pass under a sampling
 profiler, with its hotspots (neither is part of the table's figures).
+
+Scaling out (``--scale``, default 1,2,3; 0 skips it): the batched copy once more, on a topic
+of ``--scale-partitions`` partitions (default 6), read by N real workers in one consumer group
+for each N, with fresh Redis state and a fresh group each time. The workers import and build
+the app, join the group together and fetch once it has split the partitions; each N is timed
+from the first fetch to every watermark at its end offset. It prints events/s and the speed-up
+over one worker, what the split allows (the busiest worker's share of the events: popular tag
+sets make partitions unequal), each worker's partitions (from its ``consumer_lag`` series),
+events, CPU and peak RSS, the CPU seconds of the workers, Redis, the local Kafka broker and
+everything else on the machine, the most the machine's CPUs allow at that CPU per event, and
+the total check for every N. It adds about 2 minutes per 500,000 events on two CPUs.
 
 Every run uses its own namespace ``bench<hex>`` and deletes its topics, consumer groups and
 Redis keys when it ends. Progress goes to stderr; the table (or ``--json``) to stdout.
@@ -170,13 +181,16 @@ class DataSet:
     ts_min: float = 0.0
     ts_max: float = 0.0
     generate_s: float = 0.0
+    # The same events spread over the scaling topic's partitions (same bytes objects).
+    scale_parts: list[list[bytes]] = field(default_factory=list)
 
     def singles(self) -> list[list[bytes]]:
         return [p[:n] for p, n in zip(self.parts, self.single_counts, strict=True)]
 
-    def batches(self, size: int) -> list[list[bytes]]:
+    def batches(self, size: int, parts: list[list[bytes]] | None = None
+                ) -> list[list[bytes]]:
         return [[b"[" + b",".join(p[i:i + size]) + b"]" for i in range(0, len(p), size)]
-                for p in self.parts]
+                for p in (self.parts if parts is None else parts)]
 
 
 def build_meters(rng: random.Random, count: int) -> list[Meter]:
@@ -227,7 +241,8 @@ def quantity(rng: random.Random, meter: Meter) -> float:
 
 
 def generate(events: int, tagsets: int, partitions: int, zipf_s: float, seed: int,
-             run_id: str, single_events: int | None = None) -> DataSet:
+             run_id: str, single_events: int | None = None,
+             scale_partitions: int = 0) -> DataSet:
     from rules.events import UsageEvent
     from rules.prices import PriceBook
     from streams.settings import DEFAULT_PRICES
@@ -256,6 +271,7 @@ def generate(events: int, tagsets: int, partitions: int, zipf_s: float, seed: in
     # of disorder (collectors are late by different amounts); never in the future.
     t0, span = now - 2 * DAY_S + 600, 2 * DAY_S - 900
     parts: list[list[bytes]] = [[] for _ in range(partitions)]
+    scale_parts: list[list[bytes]] = [[] for _ in range(scale_partitions)]
     part_of: dict[str, int] = {}
     expected = expected_single = 0
     single_n = events if not single_events else min(events, single_events)
@@ -296,7 +312,10 @@ def generate(events: int, tagsets: int, partitions: int, zipf_s: float, seed: in
         p = part_of.get(job)
         if p is None:
             p = part_of[job] = zlib.crc32(job.encode()) % partitions
-        parts[p].append(dumps(event).encode())
+        value = dumps(event).encode()
+        parts[p].append(value)
+        if scale_partitions:
+            scale_parts[zlib.crc32(job.encode()) % scale_partitions].append(value)
         if i < single_n:
             expected_single += cost
             single_counts[p] += 1
@@ -305,7 +324,7 @@ def generate(events: int, tagsets: int, partitions: int, zipf_s: float, seed: in
     assert ts_max <= time.time(), "an event is in the future"
     return DataSet(events, tagsets, partitions, zipf_s, parts, expected, single_n,
                    single_counts, expected_single, by_resource, top_share, ts_min, ts_max,
-                   time.perf_counter() - started)
+                   time.perf_counter() - started, scale_parts)
 
 
 # ======================================================================================
@@ -430,27 +449,47 @@ def redis_info(redis_url: str) -> dict[str, Any]:
             "evalsha_calls": ev.get("calls", 0), "evalsha_usec": ev.get("usec", 0)}
 
 
-def scrape_metrics(port: int) -> dict[str, float]:
-    """The worker's own /metrics (counters and histogram sums), labels summed away."""
+def scrape_series(port: int) -> list[tuple[str, dict[str, str], float]]:
+    """The worker's own /metrics as (name, labels, value), histogram buckets left out."""
+    import re
     import urllib.request
 
-    out: dict[str, float] = {}
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
             text = resp.read().decode()
     except OSError as exc:
         log(f"could not read the worker's /metrics: {exc}")
-        return out
+        return []
+    out = []
     for line in text.splitlines():
         if not line or line.startswith("#") or "_bucket" in line:
             continue
-        name, _, value = line.rpartition(" ")
-        name = name.split("{", 1)[0]
+        series, _, value = line.rpartition(" ")
+        name, _, labels = series.partition("{")
         try:
-            out[name] = out.get(name, 0.0) + float(value)
+            out.append((name, dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels)),
+                        float(value)))
         except ValueError:
             continue
     return out
+
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    """The worker's own /metrics (counters and histogram sums), labels summed away."""
+    out: dict[str, float] = {}
+    for name, _, value in scrape_series(port):
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def redis_total(redis_url: str, ns: str, ts_min: float, ts_max: float) -> int:
@@ -585,8 +624,16 @@ def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
 
     # The first fetched message: one check per fetch, not per message.
     wait_next = faust_consumer.Consumer._wait_next_records
+    gate = {"path": f"{a.go}.fetch" if a.go else None}
 
     async def _wait_next_records(self: Any, timeout: float) -> Any:
+        if gate["path"] is not None:
+            if not os.path.exists(gate["path"]):
+                # Nothing taken from the client, so nothing is in flight while the group
+                # forms: its rebalances stay short and nobody reads alone meanwhile.
+                await asyncio.sleep(0.05)
+                return {}, set()
+            gate["path"] = None
         records, active = await wait_next(self, timeout)
         if records and probe.t_first is None and any(records.values()):
             probe.first()
@@ -626,7 +673,29 @@ def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
             return {}  # no Redis: start where Kafka says (earliest)
 
         aggregator.on_assigned = on_assigned  # type: ignore[method-assign]
+    if a.go:
+        record_assignments(app, usage, a.out + ".assign")
+        wait_for_go(a.out + ".ready", a.go)
     faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+
+
+def record_assignments(app: Any, topic: str, path: str) -> None:
+    """Append the input partitions this worker owns after every rebalance (one JSON line
+    each): which worker got what, and when the group last moved partitions."""
+    @app.on_rebalance_complete.connect
+    async def note(sender: Any, **kwargs: Any) -> None:
+        owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"t": time.time(), "partitions": owned}) + "\n")
+
+
+def wait_for_go(ready: str, go: str) -> None:
+    """Imports and ``build_app`` take seconds of CPU: the workers of one scaling step do
+    them first, then join the consumer group together (and fetch once it has split the
+    partitions: ``{go}.fetch``)."""
+    write_json(ready, {"t": time.time()})
+    while not os.path.exists(go):
+        time.sleep(0.02)
 
 
 def child_main(a: argparse.Namespace) -> None:
@@ -680,18 +749,21 @@ class Bench:
         self.namespaces: list[str] = []
 
     def spawn(self, role: str, ns: str, topic: str, ends: dict[int, int], tag: str,
-              profile: str | None = None, rules: Path | None = None) -> Child:
+              profile: str | None = None, rules: Path | None = None,
+              go: Path | None = None) -> Child:
         out = str(self.dir / f"{tag}.json")
         log_path = self.dir / f"{tag}.log"
         port = free_port()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--ns", ns,
-               "--topic", topic, "--partitions", str(self.a.partitions),
+               "--topic", topic, "--partitions", str(len(ends)),
                "--ends", json.dumps(ends), "--out", out, "--port", str(port),
                "--bootstrap", self.a.bootstrap, "--redis-url", self.a.redis_url]
         if profile == "pyinstrument":
             cmd += ["--child-profile", "pyinstrument", "--profile-out", str(self.dir / tag)]
         if rules is not None:
             cmd += ["--rules", str(rules)]
+        if go is not None:
+            cmd += ["--go", str(go)]
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -805,7 +877,7 @@ class Bench:
             f"{a.partitions} partitions, batches of {a.batch_size}; files in {self.dir}")
         load_start = os.getloadavg()
         data = generate(a.events, a.tagsets, a.partitions, a.zipf, a.seed, self.run_id,
-                        a.single_events)
+                        a.single_events, a.scale_partitions if a.scale else 0)
         log(f"generated in {data.generate_s:.1f}s; expected total {data.expected_cost_micro:,} "
             f"micro-units; top 1% of tag sets hold {data.top_share:.0%} of events")
         cases = {
@@ -835,7 +907,9 @@ class Bench:
             report["cases"][case] = {"events": n_events, "expected_cost_micro": expected,
                                      "messages": produced["messages"], "produce": produced,
                                      "namespace": ns, "topic": topic}
-        del cases, parts, data.parts
+        scaling = self.produce_scaling_copy(data) if a.scale else None
+        scale_events = [len(p) for p in data.scale_parts]
+        del cases, parts, data.parts, data.scale_parts
         for case, (ns, topic, ends) in topics.items():
             entry = report["cases"][case]
             n_events, expected = entry["events"], entry["expected_cost_micro"]
@@ -863,6 +937,8 @@ class Bench:
             entry["c_over_b"] = entry["c"]["events_per_s"] / entry["b"]["events_per_s"]
             log(f"[{case}] a {entry['a']['events_per_s']:,.0f} ev/s, b "
                 f"{entry['b']['events_per_s']:,.0f} ev/s, c {entry['c']['events_per_s']:,.0f} ev/s")
+        if scaling is not None:
+            report["scaling"] = self.run_scaling(*scaling, data, scale_events)
         if a.without_rules:
             ns, topic, ends = topics["batched"]
             log("the batched worker again with an empty rule directory (fresh Redis state and "
@@ -900,6 +976,166 @@ class Bench:
         report["files"] = str(self.dir)
         return report
 
+    # -- scaling out: N workers in one consumer group ----------------------------------
+
+    def produce_scaling_copy(self, data: DataSet) -> tuple[str, str, dict[int, int]]:
+        """The batched copy again, on a topic with ``--scale-partitions`` partitions (an even
+        split for 1, 2 and 3 workers with the default 6)."""
+        from streams.settings import Settings
+        from streams.topics import create_topics
+
+        a = self.a
+        ns = f"{self.run_id}x"
+        self.namespaces.append(ns)
+        settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=ns,
+                            partitions=a.scale_partitions)
+        create_topics(settings)
+        topic = settings.topic("usage")
+        produced = produce(a.bootstrap, topic, data.batches(a.batch_size, data.scale_parts),
+                           "scaling copy")
+        ends = end_offsets(a.bootstrap, topic, a.scale_partitions)
+        assert sum(ends.values()) == produced["messages"], (ends, produced)
+        return ns, topic, ends
+
+    def run_scaling(self, ns: str, topic: str, ends: dict[int, int], data: DataSet,
+                    events_by_partition: list[int]) -> dict[str, Any]:
+        runs = []
+        for i, n in enumerate(self.a.scale):
+            if i:
+                self.reset_group_state(ns)
+            run = self.run_group(ns, topic, ends, n, events_by_partition)
+            total = redis_total(self.a.redis_url, ns, data.ts_min, data.ts_max)
+            run["total"] = {"redis": total, "expected": data.expected_cost_micro,
+                            "ok": total == data.expected_cost_micro}
+            log(f"[{n} worker(s)] {run['events_per_s']:,.0f} ev/s, partitions "
+                f"{[w['partitions'] for w in run['workers']]}, total "
+                f"{'OK' if run['total']['ok'] else 'MISMATCH'}")
+            runs.append(run)
+        base = next((r["events_per_s"] for r in runs if r["workers_n"] == 1), None)
+        for run in runs:
+            run["speedup"] = run["events_per_s"] / base if base else None
+        return {"namespace": ns, "topic": topic, "partitions": len(ends),
+                "messages": sum(ends.values()), "events": self.a.events,
+                "events_by_partition": events_by_partition, "runs": runs,
+                "note": scaling_note(runs, os.cpu_count() or 1)}
+
+    def reset_group_state(self, ns: str) -> None:
+        """``fresh_worker_state``, retried: a group that just lost its last member may
+        still be closing for a moment."""
+        for attempt in range(10):
+            try:
+                self.fresh_worker_state(ns)
+                return
+            except Exception as exc:  # noqa: BLE001 - GroupNotEmpty while members leave
+                if attempt == 9:
+                    raise
+                log(f"resetting the consumer group: {exc}; retrying")
+                time.sleep(2)
+
+    def run_group(self, ns: str, topic: str, ends: dict[int, int], n: int,
+                  events_by_partition: list[int]) -> dict[str, Any]:
+        """N workers: they import and build the app, join the group together, and fetch
+        once the group has split the partitions; timed from the first fetch to the moment
+        every partition's watermark reached its end offset."""
+        from redis import Redis
+
+        label = f"(scale) {n} worker(s)"
+        log(f"{label} in one consumer group, done when every Redis watermark reaches the end")
+        code = code_fingerprint()
+        step = f"scale{n}-{secrets.token_hex(2)}"  # a count may be given twice
+        go = self.dir / f"go-{step}"
+        children = [self.spawn("worker", ns, topic, ends, f"{step}-w{i}", go=go)
+                    for i in range(n)]
+        r = Redis.from_url(self.a.redis_url)
+        try:
+            self.wait_children(children, label, "ready", lambda: all(
+                os.path.exists(c.out + ".ready") for c in children))
+            go.touch()
+            joining = time.perf_counter()
+            self.wait_children(children, label, "split the partitions", lambda: all(
+                os.path.exists(c.out + ".assign") for c in children) and exclusive_split(
+                [last_assignment(c) for c in children], len(ends)))
+            joined_s = time.perf_counter() - joining
+            cpu0 = [proc_cpu_s(c.proc.pid) for c in children]
+            Path(f"{go}.fetch").touch()
+            run = self.watch_group(children, r, ns, ends, label)
+            run["joined_s"], run["code"] = joined_s, code
+            run["workers"] = [self.worker_figures(c, c0, topic)
+                              for c, c0 in zip(children, cpu0, strict=True)]
+        finally:
+            for child in children:
+                child.stop()
+            r.close()
+        run.update(group_figures(run, self.a.events, events_by_partition,
+                                 os.cpu_count() or 1))
+        return run
+
+    def wait_children(self, children: list[Child], label: str, what: str,
+                      done: Any, timeout: float = 300) -> None:
+        deadline = time.perf_counter() + timeout
+        while not done():
+            for c in children:
+                if not c.alive():
+                    raise RuntimeError(f"{label}: a worker exited with {c.proc.returncode}:\n"
+                                       f"{c.tail()}")
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{label}: workers not {what} in {timeout}s")
+            time.sleep(0.05)
+
+    def watch_group(self, children: list[Child], r: Any, ns: str, ends: dict[int, int],
+                    label: str) -> dict[str, Any]:
+        """Poll the watermarks until every partition is applied; the machine's, Redis's
+        and the local Kafka broker's CPU over the same window."""
+        total = sum(ends.values())
+        started = last_log = time.perf_counter()
+        brokers = broker_pids()
+        machine0: tuple[list[int], float] | None = None
+        kafka0 = 0.0
+        while True:
+            now = time.time()
+            applied = sum(w + 1 for w in watermarks(r, ns, len(ends)))
+            if machine0 is None and any(os.path.exists(c.out + ".first") for c in children):
+                machine0 = (cpu_jiffies(), redis_info(self.a.redis_url)["cpu_s"])
+                kafka0 = sum(map(proc_cpu_s, brokers))
+            if applied >= total:
+                break
+            dead = [c for c in children if not c.alive()]
+            if dead:
+                raise RuntimeError(f"{label}: a worker exited with {dead[0].proc.returncode}:"
+                                   f"\n{dead[0].tail()}")
+            if time.perf_counter() - started > self.a.timeout:
+                raise RuntimeError(f"{label} did not finish in {self.a.timeout}s")
+            if time.perf_counter() - last_log > 10:
+                last_log = time.perf_counter()
+                log(f"{label} running: {applied:,}/{total:,} messages applied")
+            time.sleep(0.05)
+        machine = machine_load(machine0 or (cpu_jiffies(), 0.0), self.a.redis_url)
+        if brokers:
+            machine["kafka_cpu_s"] = sum(map(proc_cpu_s, brokers)) - kafka0
+        t_first = min(f["t"] for f in map(read_json, (c.out + ".first" for c in children)) if f)
+        moved = [sum(1 for a in read_jsonl(c.out + ".assign") if a["t"] > t_first)
+                 for c in children]
+        return {"workers_n": len(children), "elapsed_s": now - t_first, "machine": machine,
+                "messages": total, "rebalances_while_timed": max(moved)}
+
+    def worker_figures(self, child: Child, cpu0: float, topic: str) -> dict[str, Any]:
+        """One worker of the group: what it owns (its consumer_lag series), what it did and
+        what it cost, read before it is stopped."""
+        series = scrape_series(child.port)
+        counters: Counter = Counter()
+        for name, _, value in series:
+            counters[name.removeprefix("costline_")] += value
+        return {
+            "pid": child.proc.pid,
+            "partitions": sorted(int(labels["partition"]) for name, labels, _ in series
+                                 if name == "costline_consumer_lag"
+                                 and labels.get("topic") == topic),
+            "cpu_s": proc_cpu_s(child.proc.pid) - cpu0,
+            **{k: counters[k] for k in ("events_total", "messages_total", "batches_total",
+                                        "watermark_mismatch_total", "evaluations_total")},
+            **vm_status(child.proc.pid),
+        }
+
     def fresh_worker_state(self, ns: str) -> None:
         """Forget what the worker of ``ns`` did: its Redis keys and its consumer group.
 
@@ -915,6 +1151,88 @@ class Bench:
             child.stop()
         if self.namespaces and not self.a.keep:
             delete_namespace(self.a.bootstrap, self.a.redis_url, self.namespaces)
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(Path(path).read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+    except OSError:
+        return []
+
+
+def code_fingerprint() -> str:
+    """A digest of the worker's sources as a step's workers import them: every step starts
+    new processes, so a change to the code between steps would compare two programs."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for path in sorted(p for d in ("rules", "connectors", "streams")
+                       for p in (REPO / d).rglob("*.py")):
+        digest.update(str(path.relative_to(REPO)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def last_assignment(child: Child) -> list[int]:
+    """The input partitions a worker owned after its latest rebalance."""
+    assigns = read_jsonl(child.out + ".assign")
+    return list(assigns[-1]["partitions"]) if assigns else []
+
+
+def exclusive_split(owned: list[list[int]], partitions: int) -> bool:
+    """Every partition owned by exactly one worker. A worker may still be idle: Faust's
+    sticky assignor moves no partition off a worker holding at most ceil(P/N) of them."""
+    return sorted(p for ps in owned for p in ps) == list(range(partitions))
+
+
+def broker_pids() -> list[int]:
+    """Kafka broker processes on this machine (Apache Kafka's main class, or Tansu), to tell
+    the broker's CPU from the rest; none when the broker runs elsewhere."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"kafka.Kafka" in args or args[0].endswith(b"tansu"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def group_figures(run: dict[str, Any], events: int, events_by_partition: list[int],
+                  cpus: int) -> dict[str, Any]:
+    """Rates, the split, and where the machine's CPU went during one scaling step."""
+    workers = run["workers"]
+    elapsed, machine = run["elapsed_s"], run["machine"]
+    worker_cpu = sum(w["cpu_s"] for w in workers)
+    busy_cpu = machine["busy_pct"] / 100 * cpus * elapsed
+    pipeline_cpu = worker_cpu + machine["redis_cpu_s"] + machine.get("kafka_cpu_s", 0.0)
+    # Popular tag sets make partitions unequal: the busiest worker's share of the events
+    # bounds the speed-up even with a CPU per worker.
+    heaviest = max(sum(events_by_partition[p] for p in w["partitions"]) for w in workers)
+    return {
+        "events_per_s": events / elapsed,
+        "split_ok": exclusive_split([w["partitions"] for w in workers],
+                                    len(events_by_partition)),
+        "split_bound_speedup": sum(events_by_partition) / max(1, heaviest),
+        "worker_cpu_s": worker_cpu,
+        "cpu_us_per_event": 1e6 * worker_cpu / events,
+        "busy_cpu_s": busy_cpu,
+        # the machine's busy CPU that was not the workers, Redis or the local broker
+        "other_cpu_s": max(0.0, busy_cpu - pipeline_cpu),
+        "pipeline_cpu_us_per_event": 1e6 * pipeline_cpu / events,
+        # the most the machine could take if the workers, Redis and Kafka had every CPU
+        "cpu_bound_events_per_s": cpus * events / pipeline_cpu if pipeline_cpu else None,
+    }
 
 
 def delete_groups(bootstrap: str, groups: list[str]) -> None:
@@ -1141,7 +1459,81 @@ def print_table(rep: dict[str, Any]) -> None:
                 print(f"  {pct:5.1f}%  {name}")
         elif prof.get("text"):
             print(f"pyinstrument report: {prof['text']} (and .html)")
+    if rep.get("scaling"):
+        print_scaling(rep["scaling"])
     print(f"\nfiles (logs, profiles): {rep['files']}")
+
+
+def print_scaling(sc: dict[str, Any]) -> None:
+    runs = sc["runs"]
+    print()
+    print(f"scaling out: N workers in one consumer group (fresh Redis state and group per N), "
+          f"{sc['events']:,} events in {sc['messages']:,} batch messages on "
+          f"{sc['partitions']} partitions (events per partition: "
+          f"{', '.join(f'{n:,}' for n in sc['events_by_partition'])})")
+    print("the workers join together and fetch once the group has split the partitions; timed "
+          "from the first fetch to the last partition's watermark at its end offset")
+    cols = ("workers", "ev/s", "speed-up", "split allows", "CPU allows ev/s", "elapsed s",
+            "CPU us/ev", "machine busy", "workers CPU s", "Redis CPU s", "Kafka CPU s",
+            "other CPU s", "total")
+    widths = [max(9, len(c) + 2) for c in cols]
+    print("".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
+    for r in runs:
+        m = r["machine"]
+        kafka = m.get("kafka_cpu_s")
+        cells = (str(r["workers_n"]), f"{r['events_per_s']:,.0f}",
+                 f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+                 f"{r['split_bound_speedup']:.2f}x",
+                 f"{r['cpu_bound_events_per_s']:,.0f}" if r["cpu_bound_events_per_s"] else "-",
+                 f"{r['elapsed_s']:.1f}",
+                 f"{r['cpu_us_per_event']:.1f}", f"{m['busy_pct']:.0f}%",
+                 f"{r['worker_cpu_s']:.1f}", f"{m['redis_cpu_s']:.1f}",
+                 "-" if kafka is None else f"{kafka:.1f}", f"{r['other_cpu_s']:.1f}",
+                 "OK" if r["total"]["ok"] else "MISMATCH")
+        print("".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+    for r in runs:
+        print(f"  {r['workers_n']} worker(s): split {'OK' if r['split_ok'] else 'NOT EXCLUSIVE'}"
+              f", group formed in {r['joined_s']:.1f}s, {r['rebalances_while_timed']} "
+              f"rebalance(s) while timed, machine load average {r['machine']['loadavg_1m']:.2f}")
+        for i, w in enumerate(r["workers"]):
+            print(f"    w{i}: partitions {w['partitions'] or 'none (idle)'}, "
+                  f"{w['events_total']:,.0f} events, "
+                  f"CPU {w['cpu_s']:.1f}s, peak RSS {w.get('VmHWM', 0) / 1024:.0f} MiB, "
+                  f"{w['evaluations_total']:.0f} rule evaluations")
+    if len({r["code"] for r in runs}) > 1:
+        print("WARNING: the worker's code changed between the steps (code "
+              f"{', '.join(r['code'] for r in runs)}): they do not compare one program")
+    print(sc["note"])
+
+
+def scaling_note(runs: list[dict[str, Any]], cpus: int) -> str:
+    """What limits the speed-up, in this run's own figures."""
+    one = next((r for r in runs if r["workers_n"] == 1), runs[0])
+    m = one["machine"]
+    kafka = m.get("kafka_cpu_s")
+    text = (f"NOTE: this machine has {cpus} CPUs, shared by the workers, Kafka, Redis and any "
+            f"other work on it. With {one['workers_n']} worker(s), in {one['elapsed_s']:.1f}s "
+            f"({m['busy_pct']:.0f}% busy, load average {m['loadavg_1m']:.1f}): workers "
+            f"{one['worker_cpu_s']:.1f} CPU-s, Redis {m['redis_cpu_s']:.1f} (the server's, "
+            f"all its clients), Kafka "
+            f"{'not on this machine' if kafka is None else f'{kafka:.1f}'}, other processes "
+            f"{one['other_cpu_s']:.1f}.")
+    ceiling = one["cpu_bound_events_per_s"]
+    if ceiling:
+        text += (f" The pipeline spends {one['pipeline_cpu_us_per_event']:.0f} CPU-us per "
+                 f"event (workers + Redis + Kafka), so {cpus} CPUs take at most about "
+                 f"{ceiling:,.0f} ev/s, {ceiling / one['events_per_s']:.2f}x one worker's rate,"
+                 f" however many workers run: on this machine the CPUs bound the speed-up, not "
+                 f"the partitions. While other processes hold CPU, more worker processes also "
+                 f"win a larger share of it, which flatters the speed-up.")
+    return text
+
+
+def worker_counts(text: str) -> list[int]:
+    counts = [int(x) for x in text.split(",") if x.strip()]
+    if any(n < 0 for n in counts):
+        raise argparse.ArgumentTypeError("worker counts are positive")
+    return [n for n in counts if n]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1163,6 +1555,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--without-rules", action="store_true",
                    help="also run the batched worker with no rule files (how much of (c) the "
                         "leader's rule evaluation costs); adds about 2 minutes")
+    p.add_argument("--scale", type=worker_counts, default=[1, 2, 3], metavar="N,N,...",
+                   help="worker counts of the scaling pass: N workers in one consumer group on "
+                        "the batched copy (default 1,2,3; 0 skips the pass)")
+    p.add_argument("--scale-partitions", type=int, default=6,
+                   help="partitions of the scaling pass's topic (default 6: an even split "
+                        "for 1, 2 and 3 workers)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per consumer")
     p.add_argument("--keep", action="store_true", help="keep topics and Redis keys")
     p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)
@@ -1177,6 +1575,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child-profile", help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     p.add_argument("--rules", help=argparse.SUPPRESS)
+    p.add_argument("--go", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
