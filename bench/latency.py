@@ -1,8 +1,8 @@
 """How long an alert takes to come out of costline, and what one evaluation of the rules costs.
 
     .venv/bin/python bench/latency.py [--json] [--rate N] [--seconds S] [--probe-every S]
-                                      [--groups N] [--rules N] [--eval-budget S] [--full]
-                                      [--profile] [--skip-e2e] [--skip-eval] [--skip-redis]
+                                      [--groups N] [--rules N] [--repeats N] [--fresh N]
+                                      [--profile] [--memory] [--skip-e2e] [--skip-eval]
 
 (1) End to end. The real worker (``python -m streams worker``, a child process with a
 namespace of its own) runs one rule: a daily budget of one micro-unit per value of the tag
@@ -12,19 +12,18 @@ produced → every partition's Redis watermark at its end offset). Then backgrou
 events flow at ``--rate`` messages/s (default: half that maximum) for ``--seconds``, with a
 probe every ``--probe-every`` seconds among them. A kafka-python consumer reads
 ``NS.alerts.v1``; a probe's latency is the time from its send to the first change published
-for its group, split at the change's Kafka timestamp (the worker's publish time).
+for its group, split at the change's Kafka timestamp (the worker's publish time). The
+figures of the previous schedule are printed beside them (``BASELINE``).
 
-(2) Evaluation cost, in this process. An ``InMemoryState`` is filled with ``--groups``
-distinct tag sets (two usage events each over the last five days, GPU utilization samples,
-faults), and ``--rules`` rules of every kind are generated as a YAML rule file and loaded.
-One evaluation (``rules.engine.Engine.evaluate``) of a single quiet budget rule is the
-baseline (p50 of ``--repeats``). The generated rule set is evaluated in full with ``--full``;
-otherwise its rules are evaluated one by one, in their (shuffled) order, until
-``--eval-budget`` seconds are spent, and the full evaluation is estimated from the mean per
-rule. Every ``StateView.totals`` call is timed and attributed to its caller, and peak RSS is
-read per phase (VmHWM, reset between phases). Unless ``--skip-redis``, the same data set is
-also aggregated into Redis by a real worker and a few rules are timed on
-``connectors.redis_state.RedisState``.
+(2) Evaluation cost on the worker's path. A real worker aggregates ``--groups`` distinct tag
+sets (two usage events each over the last five days, GPU utilization samples, faults) into
+Redis, and ``--rules`` rules of every kind are generated with lines around the 99th
+percentile of each grouping's spend. They are evaluated in full, every rule, the way the
+worker does (``RedisState``, ``KeptAnswers``): the first evaluation (nothing kept), the tick
+(every rule, past hours kept) and the evaluations data triggers (after ``--fresh`` new
+events each, idle findings reused), ``--repeats`` times each. ``--profile`` profiles the
+data-driven ones with pyinstrument. With ``--memory`` the generated rules are also timed one
+by one on an ``InMemoryState`` for up to ``--eval-budget`` seconds (``--full``: in full).
 
 Nothing is asserted. Every namespace is deleted at the end. Progress goes to stderr; the
 figures (or ``--json``) to stdout.
@@ -76,6 +75,12 @@ rules:
     period: month
     limit: 100000000
 """
+# What the same measurements gave with the previous schedule (a 2 s leader timer, throttled to
+# three times the last evaluation's cost, every rule read on its own).
+BASELINE = {
+    "latency": "p50 3.4s, p99 6-14s",
+    "evaluation": "1,000 rules over 100k tag sets: >= 2 h per evaluation (7.4 s per rule)",
+}
 RESOURCES = {
     "gpu.h100": "gpu_hour",
     "storage.ssd": "gb_hour",
@@ -881,7 +886,8 @@ def per_rule(rules: Sequence[Any], state: Any, now: float, budget_s: float, rule
     }
 
 
-def run_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def run_memory_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The generated rules one by one on an ``InMemoryState`` (``--memory``)."""
     from rules.engine import Engine
     from rules.loader import RuleSet, load_rule_text
 
@@ -926,22 +932,18 @@ def run_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         f"at most {a.rule_timeout}s per rule)")
     result["per_rule"] = per_rule(ruleset.rules, state, now, a.eval_budget, a.rule_timeout,
                                   a.profile)
-    if not a.skip_redis:
-        try:
-            result["redis"] = run_redis_eval(a, workdir, now, ruleset.rules)
-        except Exception as exc:  # noqa: BLE001 - keep the in-memory figures
-            log(f"the RedisState part failed: {exc!r}")
-            result["redis_error"] = repr(exc)
     return result
 
 
-def run_redis_eval(a: argparse.Namespace, workdir: Path, now: float, rules: Sequence[Any]
-                   ) -> dict[str, Any]:
-    """The same data set aggregated into Redis by a real worker; a few rules on RedisState."""
+def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The data set aggregated into Redis by a real worker; the generated rules evaluated as
+    the worker evaluates them (``RedisState``, ``KeptAnswers``, idle findings reused between
+    ticks), every rule of every evaluation."""
     from redis import Redis
 
     from connectors.redis_state import RedisState
     from rules.engine import Engine
+    from rules.kept_answers import KeptAnswers
     from rules.loader import RuleSet, load_rule_text
 
     ns = Namespace("latev" + secrets.token_hex(3), a.bootstrap, a.redis_url, a.partitions)
@@ -949,57 +951,145 @@ def run_redis_eval(a: argparse.Namespace, workdir: Path, now: float, rules: Sequ
     empty.write_text("rules: []\n")
     ns.create_topics()
     worker = Worker.for_namespace(ns, empty, workdir)
-    out: dict[str, Any] = {"namespace": ns.name}
+    out: dict[str, Any] = {"namespace": ns.name, "groups": a.groups}
     redis = Redis.from_url(a.redis_url)
     try:
         worker.start()
         worker.wait_ready()
-        from connectors.kafka import producer
-
-        prod = producer(a.bootstrap, client_id="costline-bench-latency")
-        started = time.time()
-        chunks: dict[str, list[dict[str, Any]]] = {"usage": [], "faults": []}
-        count = 0
-
-        def send(topic: str) -> None:
-            prod.send(ns.topic(topic), value=json.dumps(chunks[topic]).encode(),
-                      key=str(count).encode())
-            chunks[topic].clear()
-
-        for event in dataset(a.groups, now, a.seed, a.gpus_sampled, a.faults):
-            topic = "faults" if event["kind"] == "fault" else "usage"
-            chunks[topic].append(event)
-            count += 1
-            if len(chunks[topic]) == 1000:
-                send(topic)
-        for topic in chunks:
-            if chunks[topic]:
-                send(topic)
-        prod.flush()
-        prod.close()
-        done = ns.wait_applied(redis, ns.end_offsets(), worker)
-        out["aggregated"] = {"events": count, "seconds": round(done - started, 1)}
-        log(f"Redis filled by the worker: {count:,} events in {done - started:.0f}s")
-        worker.stop()
-
+        now = time.time()
+        out["aggregated"] = fill_redis(ns, worker, redis, a, now)
         state = RedisState(Redis.from_url(a.redis_url), ns.name, "UTC")
+        scale = calibrate(state, now)
+        text = generate_rules(a.rules, a.seed, scale)
+        (workdir / "generated-rules.yaml").write_text(text)
+        ruleset = load_rule_text(text, file="generated-rules.yaml")
+        out["rules"] = len(ruleset)
+        out["kinds"] = dict(Counter(rule.kind for rule in ruleset))
+        log(f"{len(ruleset)} rules: {out['kinds']}")
+
         baseline = Engine(RuleSet(load_rule_text(BASELINE_RULE).rules), "USD")
-        took, _, peak = timed_evaluations(baseline, state, now, 3)
+        took, _, _ = timed_evaluations(baseline, state, time.time(), a.repeats)
         out["baseline_p50_s"] = round(statistics.median(took), 3)
-        out["baseline_runs_s"] = [round(t, 3) for t in took]
-        sample = list(rules[: a.redis_rules])
-        log(f"RedisState: baseline p50 {out['baseline_p50_s']}s; {len(sample)} generated rules")
-        timed = per_rule(sample, state, now, float("inf"), a.rule_timeout)
-        out["per_rule"] = {k: timed[k] for k in ("measured_rules", "measured_s",
-                                                  "mean_per_rule_s", "estimated_full_s",
-                                                  "stopped_rules", "estimate_is_lower_bound",
-                                                  "by_kind", "slowest", "state_reads")}
-        out["estimated_full_s"] = round(timed["mean_per_rule_s"] * len(rules), 1)
-        out["peak_rss_mib"] = mib(peak)
+        log(f"baseline (one rule, nothing kept) p50 {out['baseline_p50_s']}s")
+        out.update(evaluation_cost(Engine(ruleset, "USD"), state, KeptAnswers(),
+                                   FreshSpend(ns, a.seed), ns, worker, redis, a))
     finally:
         worker.stop()
         redis.close()
         ns.cleanup()
+    return out
+
+
+def fill_redis(ns: Namespace, worker: Worker, redis: Any, a: argparse.Namespace, now: float
+               ) -> dict[str, Any]:
+    """The evaluation data set through Kafka and the worker, 1,000 events per message."""
+    from connectors.kafka import producer
+
+    prod = producer(a.bootstrap, client_id="costline-bench-latency")
+    started = time.time()
+    chunks: dict[str, list[dict[str, Any]]] = {"usage": [], "faults": []}
+    count = 0
+
+    def send(topic: str) -> None:
+        prod.send(ns.topic(topic), value=json.dumps(chunks[topic]).encode(),
+                  key=str(count).encode())
+        chunks[topic].clear()
+
+    for event in dataset(a.groups, now, a.seed, a.gpus_sampled, a.faults):
+        topic = "faults" if event["kind"] == "fault" else "usage"
+        chunks[topic].append(event)
+        count += 1
+        if len(chunks[topic]) == 1000:
+            send(topic)
+    for topic in chunks:
+        if chunks[topic]:
+            send(topic)
+    prod.flush()
+    prod.close()
+    done = ns.wait_applied(redis, ns.end_offsets(), worker)
+    log(f"Redis filled by the worker: {count:,} events in {done - started:.0f}s")
+    return {"events": count, "seconds": round(done - started, 1)}
+
+
+@dataclass
+class FreshSpend:
+    """Usage events of now for random tag sets of the data set: what moves between two
+    data-driven evaluations."""
+
+    ns: Namespace
+    seed: int
+    sent: int = 0
+
+    def send(self, groups: int, events: int) -> None:
+        from connectors.kafka import producer
+
+        rng = random.Random(self.seed + self.sent)
+        batch = []
+        for _ in range(events):
+            i = rng.randrange(groups)
+            resource_type = _RESOURCE_CYCLE[i % len(_RESOURCE_CYCLE)]
+            batch.append({"event_id": f"fresh-{self.sent}", "kind": "usage",
+                          "ts": round(time.time(), 3), "resource_id": f"{tags_of(i)['job']}/r",
+                          "resource_type": resource_type, "quantity": 0.5,
+                          "unit": RESOURCES[resource_type], "tags": tags_of(i)})
+            self.sent += 1
+        prod = producer(self.ns.bootstrap, client_id="costline-bench-latency")
+        prod.send(self.ns.topic("usage"), value=json.dumps(batch).encode(),
+                  key=str(self.sent).encode())
+        prod.flush()
+        prod.close()
+
+
+def evaluation_cost(engine: Any, state: Any, kept: Any, fresh: FreshSpend, ns: Namespace,
+                    worker: Worker, redis: Any, a: argparse.Namespace) -> dict[str, Any]:
+    """Every rule evaluated on the worker's path: the first evaluation (nothing kept: a
+    worker's start or a rule reload), the tick (every rule, past hours kept), and the
+    evaluations data triggers (``--fresh`` new events each, idle findings reused)."""
+    from rules.alerts import AlertBook
+
+    book = AlertBook()
+    out: dict[str, Any] = {}
+    profiler = None
+    if a.profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.005)
+    reset_peak_rss()
+
+    def timed(label: str, reuse: Any = None) -> Any:
+        nonlocal book
+        profiled = profiler is not None and reuse is not None
+        if profiled:
+            profiler.start()
+        started = time.perf_counter()
+        evaluation = engine.evaluate(state, time.time(), book, kept=kept, reuse=reuse)
+        took = time.perf_counter() - started
+        if profiled:
+            profiler.stop()
+        book = evaluation.book
+        found = sum(len(f) for f in evaluation.findings.values())
+        log(f"{label}: {took:.2f}s, {found} findings, {len(evaluation.changes)} changes, "
+            f"{len(kept)} answers kept")
+        return took, evaluation
+
+    log(f"first evaluation of {len(engine.rules)} rules (nothing kept)")
+    out["first_s"] = round(timed("first")[0], 2)
+    ticks = [timed("tick")[0] for _ in range(a.repeats)]
+    out["tick_s"] = _rounded(spread(ticks))
+    driven, evaluation = [], None
+    for _ in range(a.repeats):
+        fresh.send(a.groups, a.fresh)
+        ns.wait_applied(redis, ns.end_offsets(), worker)
+        last = evaluation
+        reuse = None if last is None else {r.name: last.findings[r.name] for r in engine.rules
+                                           if not r.data_driven}
+        took, evaluation = timed(f"after {a.fresh} fresh events", reuse)
+        driven.append(took)
+    out["data_driven_s"] = _rounded(spread(driven))
+    out["fresh_events"] = a.fresh
+    out["peak_rss_mib"] = mib(vm_status().get("VmHWM"))
+    if profiler is not None:
+        out["profile"] = profiler.output_text(unicode=False, color=False, show_all=False)
     return out
 
 
@@ -1031,6 +1121,8 @@ def print_report(result: dict[str, Any]) -> None:
             if s.get("n"):
                 print(f"  latency {label:<16} p50 {s['p50']:.3f}s  p90 {s['p90']:.3f}s  "
                       f"p99 {s['p99']:.3f}s  max {s['max']:.3f}s")
+        print(f"  baseline            {BASELINE['latency']} (2 s timer, every rule read on "
+              f"its own)")
         early, late = e2e["latency_first_third_s"], e2e["latency_last_third_s"]
         if early.get("n") and late.get("n"):
             print(f"  p50 first third {early['p50']:.3f}s, last third {late['p50']:.3f}s "
@@ -1041,6 +1133,9 @@ def print_report(result: dict[str, Any]) -> None:
               f"peak RSS {w['peak_rss_mib']} MiB")
         print(f"  first alert after start {e2e['first_alert_s']}s; caught up "
               f"{e2e['caught_up_after_last_send_s']}s after the last send")
+    worker_eval = result.get("worker_eval")
+    if worker_eval:
+        print_worker_eval(worker_eval)
     ev = result.get("eval")
     if ev:
         print(f"\n(2) one evaluation over an InMemoryState of {ev['groups']:,} tag sets "
@@ -1094,6 +1189,25 @@ def print_report(result: dict[str, Any]) -> None:
             print(p["profile"])
 
 
+def print_worker_eval(w: Mapping[str, Any]) -> None:
+    agg = w["aggregated"]
+    print(f"\n(2) evaluation cost: {w['rules']} rules {w['kinds']} over {w['groups']:,} tag sets, "
+          f"as the worker evaluates (RedisState filled by a worker: {agg['events']:,} events "
+          f"in {agg['seconds']}s)")
+    print(f"  baseline            {BASELINE['evaluation']}")
+    print(f"  one quiet rule      p50 {w['baseline_p50_s']}s (nothing kept)")
+    print(f"  first evaluation    {w['first_s']}s: every rule, nothing kept (start, rule reload)")
+    for label, key in (("tick", "tick_s"), ("data-driven", "data_driven_s")):
+        t = w[key]
+        print(f"  {label:<19} p50 {t['p50']:.2f}s  max {t['max']:.2f}s over {t['n']} "
+              + ("(every rule, past hours kept)" if key == "tick_s" else
+                 f"(after {w['fresh_events']} fresh events each; idle findings reused)"))
+    print(f"  peak RSS            {w['peak_rss_mib']} MiB (this process)")
+    if w.get("profile"):
+        print("\n  profile of the data-driven evaluations (pyinstrument):")
+        print(w["profile"])
+
+
 def _how(timed: Mapping[str, Any], rules: int) -> str:
     if timed["measured_rules"] == rules and not timed["stopped_rules"]:
         return "measured rule by rule"
@@ -1120,8 +1234,10 @@ def main() -> None:
                         help="seconds after which one rule is stopped and counted as that long")
     parser.add_argument("--full", action="store_true",
                         help="evaluate the whole generated rule set --repeats times (slow)")
-    parser.add_argument("--redis-rules", type=int, default=3,
-                        help="generated rules timed on RedisState")
+    parser.add_argument("--fresh", type=int, default=1000,
+                        help="fresh events before each data-driven evaluation")
+    parser.add_argument("--memory", action="store_true",
+                        help="also time the rules one by one on an InMemoryState")
     parser.add_argument("--gpus-sampled", type=int, default=2000)
     parser.add_argument("--faults", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
@@ -1146,7 +1262,10 @@ def main() -> None:
                 log(f"the end-to-end part failed: {exc!r}")
                 result["e2e_error"] = repr(exc)
         if not a.skip_eval:
-            result["eval"] = run_eval(a, workdir)
+            if not a.skip_redis:
+                result["worker_eval"] = run_worker_eval(a, workdir)
+            if a.memory:
+                result["eval"] = run_memory_eval(a, workdir)
     result["machine"]["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     if a.json:
         print(json.dumps(result, indent=2))

@@ -24,7 +24,7 @@ class AlertStore:
 
     def book(self) -> AlertBook:
         raw = self.redis.get(self.book_key)
-        return AlertBook.from_dict(json.loads(raw)) if raw else AlertBook()  # type: ignore[arg-type]
+        return AlertBook.from_dict(json.loads(raw)) if raw else AlertBook()
 
     def save_book(self, book: AlertBook) -> None:
         self.redis.set(self.book_key, json.dumps(book.to_dict(), separators=(",", ":")))

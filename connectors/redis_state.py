@@ -1,7 +1,8 @@
 """The read side of the Redis state: spend, waste and usage per group over any interval.
 
-Implements the rule engine's ``StateView`` (and its optional history and fault views) by
-summing the buckets that ``connectors.redis_keys.cover`` picks, over every partition slot.
+Implements the rule engine's ``StateView`` (and its optional history, cell, hour-mark and
+fault views) by summing the buckets that ``connectors.redis_keys.cover`` picks, over every
+partition slot.
 """
 
 from __future__ import annotations
@@ -19,14 +20,29 @@ from connectors.redis_keys import (
     faults_key,
     first_seen_key,
     history_key,
+    seen_key,
     slots_key,
     tagsets_key,
     util_key,
 )
 from rules.events import FaultEvent
-from rules.state import FaultRecord, Group, Measure, ResourceSamples, group_of, matches
+from rules.state import (
+    Dimensions,
+    FaultRecord,
+    Group,
+    Measure,
+    ResourceSamples,
+    group_of,
+    matches,
+)
 
 _CODES: dict[str, str] = {"cost": "c", "quantity": "q"}
+# SCARD of every key given (all of one slot's hash tag, so one call per slot in a cluster).
+_COUNT_MEMBERS = """
+local counts = {}
+for i, key in ipairs(KEYS) do counts[i] = redis.call('SCARD', key) end
+return counts
+"""
 
 
 def _text(value: bytes | str) -> str:
@@ -41,6 +57,8 @@ class RedisState:
         self.namespace = namespace
         self.calendar = Calendar(timezone)
         self._dims: dict[tuple[str, str], dict[str, str]] = {}
+        self._keys: dict[int, Dimensions] = {}  # id of a kept dimensions object → its key
+        self._count_members = redis.register_script(_COUNT_MEMBERS)
 
     # -- catalogue ------------------------------------------------------------------
 
@@ -70,6 +88,60 @@ class RedisState:
             if group is not None:
                 out[group] += value
         return dict(out)
+
+    def cells(self, measure: Measure, start: float, end: float) -> dict[Dimensions, int]:
+        """Every tag set's sum of ``measure`` over [start, end) (``CellView``).
+
+        The evaluator asks this several times a second about the last hour, so fields are
+        summed per tag set as read (a bucket holds the other measures too, skipped unparsed)
+        and turned into dimensions once per tag set.
+        """
+        buckets = list(cover(start, end, self.calendar))
+        out: dict[Dimensions, int] = {}
+        for slot in self.slots():
+            pipe = self.redis.pipeline(transaction=False)
+            for size, label in buckets:
+                pipe.hgetall(bucket_key(slot, size, label))
+            sums: dict[str, int] = {}
+            for fields in pipe.execute():
+                _sum_fields(fields, measure, sums)
+            self._tagsets(slot, {name.partition("\t")[0] for name in sums})
+            for name, value in sums.items():
+                tsid, _, fault = name.partition("\t")
+                dims = self._waste_dims(slot, tsid, fault) if fault else self._dims[(slot, tsid)]
+                key = self._key_of(dims)
+                out[key] = out.get(key, 0) + value
+        return out
+
+    def firsts(self, measure: Measure) -> dict[Dimensions, float]:
+        """Start of every tag set's oldest 5-minute slot (kept per tag set, whatever the
+        measure)."""
+        out: dict[Dimensions, float] = {}
+        for slot in self.slots():
+            firsts = {_text(k): int(v) for k, v in self.redis.hgetall(first_seen_key(slot)).items()}
+            self._tagsets(slot, firsts)
+            for tsid, first in firsts.items():
+                key = self._key_of(self._dims[(slot, tsid)])
+                out[key] = min(out.get(key, float(first)), float(first))
+        return out
+
+    def hour_marks(self, hours: Sequence[int]) -> dict[int, int]:
+        """Events counted per hour of event time, from the dedup memory (``HourMarks``): a
+        late event moves the mark of its hour. A month of hours is asked several times a
+        second, so each slot counts its hours in one script call."""
+        marks = dict.fromkeys(hours, 0)
+        for slot in self.slots():
+            keys = [seen_key(slot, hour) for hour in hours]
+            counts: list[int] = self._count_members(keys=keys)
+            for hour, count in zip(hours, counts, strict=True):
+                marks[hour] += int(count)
+        return marks
+
+    def _key_of(self, dims: Mapping[str, str]) -> Dimensions:
+        key = self._keys.get(id(dims))
+        if key is None:
+            key = self._keys[id(dims)] = tuple(sorted(dims.items()))
+        return key
 
     def series(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
                start: float, end: float, step: int = 3600) -> dict[Group, dict[int, int]]:
@@ -124,6 +196,7 @@ class RedisState:
         found: dict[str, tuple[str, dict[str, str], list[tuple[float, float]]]] = {}
         for slot in self.slots():
             util: dict[bytes, bytes] = self.redis.hgetall(util_key(slot))  # type: ignore[assignment]
+            wanted: list[str] = []
             for field, raw in util.items():
                 resource_id, _, sample_metric = _text(field).partition("\t")
                 if sample_metric != metric:
@@ -132,22 +205,18 @@ class RedisState:
                 dims = {**latest["tags"], "resource_type": latest["resource_type"]}
                 if not matches(match, dims):
                     continue
-                entry = found.setdefault(resource_id, (latest["resource_type"], latest["tags"], []))
-                entry[2].extend(self._history(slot, resource_id, metric, since))
+                found.setdefault(resource_id, (latest["resource_type"], latest["tags"], []))
+                wanted.append(resource_id)
+            # One round trip for the histories of a slot, not one per resource.
+            pipe = self.redis.pipeline(transaction=False)
+            for resource_id in wanted:
+                pipe.zrangebyscore(history_key(slot, resource_id, metric), since, "+inf")
+            for resource_id, members in zip(wanted, pipe.execute(), strict=True):
+                found[resource_id][2].extend(_points(members))
         return [
             ResourceSamples(rid, rtype, tags, sorted(set(points)))
             for rid, (rtype, tags, points) in sorted(found.items())
         ]
-
-    def _history(self, slot: str, resource_id: str, metric: str, since: float
-                 ) -> list[tuple[float, float]]:
-        members: list[bytes] = self.redis.zrangebyscore(  # type: ignore[assignment]
-            history_key(slot, resource_id, metric), since, "+inf")
-        points = []
-        for member in members:
-            ts, _, value = _text(member).partition(":")
-            points.append((float(ts), float(value)))
-        return points
 
     # -- optional views -------------------------------------------------------------
 
@@ -182,6 +251,39 @@ class RedisState:
                 faults_key(slot), since, "+inf")
             records.extend(_fault_record(raw) for raw in raws)
         return sorted(records, key=lambda r: r.ts)
+
+
+def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Measure,
+                sums: dict[str, int]) -> None:
+    """Add a bucket's fields of ``measure`` to ``sums`` by tag set (``tsid\tfault`` for
+    waste); the other measures' fields are skipped without being decoded."""
+    if measure == "waste":
+        for field, value in fields.items():
+            tsid, _, fault = _text(field).partition(":w:")
+            if fault:
+                name = f"{tsid}\t{fault}"
+                sums[name] = sums.get(name, 0) + int(value)
+        return
+    suffix = f":{_CODES[measure]}"
+    binary = suffix.encode()
+    for field, value in fields.items():
+        if isinstance(field, bytes):
+            if not field.endswith(binary):
+                continue
+            tsid = field[:-len(binary)].decode()
+        elif field.endswith(suffix):
+            tsid = field[:-len(suffix)]
+        else:
+            continue
+        sums[tsid] = sums.get(tsid, 0) + int(value)
+
+
+def _points(members: list[bytes]) -> list[tuple[float, float]]:
+    points = []
+    for member in members:
+        ts, _, value = _text(member).partition(":")
+        points.append((float(ts), float(value)))
+    return points
 
 
 def _fault_record(raw: bytes) -> FaultRecord:

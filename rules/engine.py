@@ -17,13 +17,15 @@ from typing import Any
 
 from rules.alerts import AlertBook, Mute, Observation, Policy, advance
 from rules.durations import rfc3339
+from rules.evaluation_view import EvaluationView
 from rules.findings import Finding, Line
 from rules.inhibit import FAULT_LOOKBACK_S, inhibition_for
+from rules.kept_answers import KeptAnswers
 from rules.kinds import Rule
 from rules.loader import RuleSet, load_rules
 from rules.prices import PriceBook, format_micro
 from rules.silences import Silence, silence_for
-from rules.state import EvaluationView, FaultHistory, FaultRecord, StateView
+from rules.state import FaultHistory, FaultRecord, StateView
 
 
 def group_hash(group: Mapping[str, str]) -> str:
@@ -44,6 +46,12 @@ class Evaluation:
     changes: list[dict[str, Any]]
     book: AlertBook
     findings: Mapping[str, list[Finding]] = field(default_factory=dict)
+    reused: frozenset[str] = frozenset()
+    """Rules whose findings were taken from the previous evaluation, not evaluated now."""
+
+    def evaluated(self) -> dict[str, list[Finding]]:
+        """The findings of the rules evaluated now (what a consumer has not seen yet)."""
+        return {name: found for name, found in self.findings.items() if name not in self.reused}
 
 
 class Engine:
@@ -56,6 +64,9 @@ class Engine:
         self.currency = currency
         self.units = dict(units or {})
         self.policies = {r.name: Policy(r.pending_for, r.realert) for r in rules}
+        # Findings reused from the last evaluation (``reuse``) are the very same objects:
+        # their alert id and payload are kept with them instead of being rendered again.
+        self._rendered: dict[int, tuple[Finding, str, Mapping[str, Any]]] = {}
 
     @classmethod
     def for_prices(cls, rules: RuleSet, prices: PriceBook) -> Engine:
@@ -67,10 +78,23 @@ class Engine:
     def load(cls, paths: Iterable[Path | str], prices: PriceBook, timezone: str = "UTC") -> Engine:
         return cls.for_prices(load_rules(paths, timezone), prices)
 
-    def findings(self, state: StateView, now: float) -> dict[str, list[Finding]]:
-        """Every rule's findings at ``now``."""
-        view = state if isinstance(state, EvaluationView) else EvaluationView(state)
-        return {rule.name: rule.evaluate(view, now) for rule in self.rules}
+    def findings(
+        self,
+        state: StateView,
+        now: float,
+        kept: KeptAnswers | None = None,
+        reuse: Mapping[str, list[Finding]] | None = None,
+    ) -> dict[str, list[Finding]]:
+        """Every rule's findings at ``now``; a rule named in ``reuse`` keeps those findings
+        instead of being evaluated (the caller knows they cannot have changed)."""
+        if kept is not None:
+            kept.begin(state, now, full=reuse is None)
+        view = state if isinstance(state, EvaluationView) else EvaluationView(state, kept)
+        reuse = reuse or {}
+        return {
+            rule.name: list(reuse[rule.name]) if rule.name in reuse else rule.evaluate(view, now)
+            for rule in self.rules
+        }
 
     def evaluate(
         self,
@@ -79,21 +103,30 @@ class Engine:
         book: AlertBook | None = None,
         silences: Sequence[Silence] = (),
         faults: Sequence[FaultRecord] | None = None,
+        *,
+        kept: KeptAnswers | None = None,
+        reuse: Mapping[str, list[Finding]] | None = None,
     ) -> Evaluation:
         """Evaluate every rule and advance the alert lifecycle by one step.
 
         ``faults`` are the recent faults for inhibition; when not given they are read from
-        the state if it keeps them (``FaultHistory``).
+        the state if it keeps them (``FaultHistory``). ``kept`` carries answers about past
+        hours between evaluations; ``reuse`` gives findings of rules not to evaluate now.
         """
         recent = _recent_faults(state, now) if faults is None else list(faults)
-        found = self.findings(state, now)
+        # Only a fault whose recovery window covers now can mute: sorting them out once
+        # saves a pass over every recent fault per finding.
+        recovering = [f for f in recent if f.ts <= now < f.recovered_at]
+        found = self.findings(state, now, kept, reuse)
+        rendered: dict[int, tuple[Finding, str, Mapping[str, Any]]] = {}
         observations = [
-            self._observe(rule, finding, now, silences, recent)
+            self._observe(rule, finding, now, silences, recovering, rendered)
             for rule in self.rules
             for finding in found[rule.name]
         ]
+        self._rendered = rendered
         next_book, changes = advance(book or AlertBook(), observations, self.policies, now)
-        return Evaluation(now, changes, next_book, found)
+        return Evaluation(now, changes, next_book, found, frozenset(reuse or ()))
 
     def _observe(
         self,
@@ -102,12 +135,20 @@ class Engine:
         now: float,
         silences: Sequence[Silence],
         faults: Sequence[FaultRecord],
+        rendered: dict[int, tuple[Finding, str, Mapping[str, Any]]],
     ) -> Observation:
+        known = self._rendered.get(id(finding))
+        if known is not None and known[0] is finding:
+            _, identity, body = known
+        else:
+            identity = alert_id(rule.name, finding.group)
+            body = payload(rule, finding, self.currency, self.units)
+        rendered[id(finding)] = (finding, identity, body)
         return Observation(
-            alert_id=alert_id(rule.name, finding.group),
+            alert_id=identity,
             rule=rule.name,
             rank=finding.rank,
-            payload=payload(rule, finding, self.currency, self.units),
+            payload=body,
             mute=_mute(rule, finding, now, silences, faults),
         )
 

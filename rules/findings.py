@@ -145,9 +145,13 @@ def top_contributors(
     data once per rule rather than once per finding.
     """
     key = contributor_key(group_by)
-    breakdown = state.totals(measure, match, (*group_by, key), start, end)
-    width = len(group_by)
-    found = {row[width:]: value for row, value in breakdown.items() if row[:width] == group}
+    indexed = getattr(state, "breakdown", None)
+    if indexed is not None:  # the breakdown split by group once, not scanned per finding
+        found = indexed(measure, match, group_by, key, start, end).get(group, {})
+    else:
+        breakdown = state.totals(measure, match, (*group_by, key), start, end)
+        width = len(group_by)
+        found = {row[width:]: value for row, value in breakdown.items() if row[:width] == group}
     ranked = sorted(found.items(), key=lambda item: (-item[1], item[0]))
     return tuple(
         Contributor({key: name[0]}, value) for name, value in ranked[:TOP_N] if value > 0

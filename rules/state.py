@@ -26,6 +26,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 Measure = Literal["cost", "quantity", "waste"]
 Group = tuple[str, ...]
+Dimensions = tuple[tuple[str, str], ...]
 
 BUCKET_S = 300
 PSEUDO_TAGS = ("category", "resource_type", "billing")
@@ -95,6 +96,35 @@ class HistoryView(Protocol):
 
 
 @runtime_checkable
+class CellView(Protocol):
+    """Optional: the stored cells themselves, so that one read serves many questions.
+
+    A cell is one tag set's sum of a measure over [start, end); its key is the tag set's
+    dimensions as sorted ``(key, value)`` pairs (waste cells include ``fault``). The engine
+    answers every rule's ``totals`` from these, sharing reads between rules.
+    """
+
+    def cells(self, measure: Measure, start: float, end: float) -> Mapping[Dimensions, int]:
+        """Every tag set's sum of ``measure`` over [start, end) (zero sums may be absent)."""
+        ...
+
+    def firsts(self, measure: Measure) -> Mapping[Dimensions, float]:
+        """Start of the oldest bucket of every tag set holding ``measure``."""
+        ...
+
+
+@runtime_checkable
+class HourMarks(Protocol):
+    """Optional: a mark per hour of event time that moves whenever anything is counted
+    with an event time in that hour. It lets answers about past hours be kept between
+    evaluations and dropped exactly when a late event changes them."""
+
+    def hour_marks(self, hours: Sequence[int]) -> dict[int, int]:
+        """The mark of every hour (Unix seconds of its start) asked for."""
+        ...
+
+
+@runtime_checkable
 class FaultHistory(Protocol):
     """Optional: the recent faults, for inhibition."""
 
@@ -149,33 +179,3 @@ def dimensions_of(
 def through(now: float) -> int:
     """End of the bucket holding ``now``: a total "so far" includes the bucket in progress."""
     return align_down(now) + BUCKET_S
-
-
-class EvaluationView:
-    """One evaluation's view of a state: ``totals`` answered once per distinct question.
-
-    Rules ask the same question many times in one evaluation (every finding of a rule asks for
-    the rule's breakdown by contributor); within one evaluation the answer cannot change, so
-    it is kept. Everything else goes to the state itself, so the optional ``HistoryView`` and
-    ``FaultHistory`` protocols hold exactly when they hold for the state.
-    """
-
-    def __init__(self, state: StateView) -> None:
-        self._state = state
-        self._answers: dict[tuple[object, ...], dict[Group, int]] = {}
-
-    def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
-               start: float, end: float) -> dict[Group, int]:
-        key = (measure, tuple(sorted(match.items())), tuple(group_by), start, end)
-        found = self._answers.get(key)
-        if found is None:
-            found = self._answers[key] = self._state.totals(measure, match, group_by, start,
-                                                             end)
-        return found
-
-    def samples(self, metric: str, match: Mapping[str, str], since: float
-                ) -> list[ResourceSamples]:
-        return self._state.samples(metric, match, since)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._state, name)

@@ -1,9 +1,13 @@
 """Runs the rule engine inside the worker and publishes alert changes to ``NS.alerts.v1``.
 
-Evaluation is driven by data and by time: every couple of seconds the evaluator checks whether
-any partition's watermark moved (new spend arrived) and evaluates if so, and it evaluates at
-least every ``tick`` seconds for what time alone changes (``for``, idle, period rollover,
-forecasts). Only the Faust leader evaluates, so two workers never race on the alert book.
+Evaluation is driven by data and by time. Several times a second (``COSTLINE_RULES_POLL_S``)
+the evaluator reads the data generation, the sum of every partition's watermark (one MGET),
+and as soon as it moved evaluates the rules that counted data moves (every kind but idle),
+reusing the other rules' last findings. Every ``tick`` seconds it evaluates every rule, for
+what time alone changes (``for``, idle, period rollover, forecasts). Answers about hours
+before the last one or two are kept between evaluations (``rules.kept_answers``), so an
+evaluation reads little more than the spend of the last hour. Only the Faust leader
+evaluates, so two workers never race on the alert book.
 
 Changes are published before the book is saved: a crash in between republishes them on the
 next evaluation, and the Slack notifier's ledger recognises a change it already sent.
@@ -23,6 +27,8 @@ from connectors.alert_store import AlertStore
 from connectors.redis_keys import wm_key
 from connectors.redis_state import RedisState
 from rules.engine import Engine, Evaluation
+from rules.findings import Finding
+from rules.kept_answers import KeptAnswers
 from rules.loader import RuleSet, RulesInvalid, load_rules, rule_files
 from rules.prices import PriceBook
 from streams.health import Health
@@ -83,9 +89,11 @@ class Evaluator:
                  publish: Publish, metrics: Metrics, tick_s: float = 30.0) -> None:
         self.source, self.state, self.store = source, state, store
         self.publish, self.metrics, self.tick_s = publish, metrics, tick_s
+        self.kept = KeptAnswers()
         self._generation: int | None = None
-        self._last = 0.0
-        self._cost = 0.0  # seconds the last evaluation took
+        self._last_full: float | None = None  # when every rule was last evaluated
+        self._ready_at = 0.0  # monotonic time before which data does not trigger again
+        self._engine: Engine | None = None  # the engine of the last evaluation
         self.last_evaluation: Evaluation | None = None
 
     def _data_generation(self) -> int:
@@ -99,32 +107,49 @@ class Evaluator:
     async def step(self, now: float | None = None) -> Evaluation | None:
         """Evaluate if data moved or the tick is due; publish the changes."""
         now = time.time() if now is None else now
-        since = now - self._last
-        # An evaluation may take a while on a big state: keep it to a third of the time at
-        # most, so that it never starves the aggregation it shares the process with.
-        if since < 2 * self._cost:
+        tick = self._last_full is None or now - self._last_full >= self.tick_s
+        if not tick and time.monotonic() < self._ready_at:
             return None
         generation = await asyncio.to_thread(self._data_generation)
-        if generation == self._generation and since < self.tick_s:
+        if generation == self._generation and not tick:
             return None
         engine = self.source.current()
         if engine is None:
             return None
-        evaluation = await asyncio.to_thread(self._evaluate, engine, now)
+        reuse = None if tick else self._reusable(engine)
+        evaluation = await asyncio.to_thread(self._evaluate, engine, now, reuse)
         for change in evaluation.changes:
             await self.publish(change["alert_id"].encode(), _json(change))
         await asyncio.to_thread(self.store.save_book, evaluation.book)
-        self._generation, self._last = generation, now
+        self._generation, self._engine = generation, engine
+        if reuse is None:
+            self._last_full = now
         self.last_evaluation = evaluation
         self.metrics.inc("evaluations_total")
         self.metrics.inc("alert_changes_total", len(evaluation.changes))
         return evaluation
 
-    def _evaluate(self, engine: Engine, now: float) -> Evaluation:
+    def _reusable(self, engine: Engine) -> dict[str, list[Finding]] | None:
+        """The last findings of the rules data does not move, or ``None`` when every rule
+        must be evaluated (new rules, or none evaluated yet)."""
+        last = self.last_evaluation
+        if last is None or engine is not self._engine:
+            return None
+        timed = [rule.name for rule in engine.rules if not rule.data_driven]
+        if any(name not in last.findings for name in timed):
+            return None
+        return {name: last.findings[name] for name in timed}
+
+    def _evaluate(self, engine: Engine, now: float,
+                  reuse: dict[str, list[Finding]] | None) -> Evaluation:
         started = time.perf_counter()
-        evaluation = engine.evaluate(self.state, now, self.store.book(), self.store.silences(now))
-        self._cost = time.perf_counter() - started
-        self.metrics.observe("evaluation_seconds", self._cost)
+        evaluation = engine.evaluate(self.state, now, self.store.book(),
+                                     self.store.silences(now), kept=self.kept, reuse=reuse)
+        cost = time.perf_counter() - started
+        # The evaluation shares the process (and its GIL) with the aggregation: data may
+        # trigger the next one only after as long again, so it takes half a core at most.
+        self._ready_at = time.monotonic() + cost
+        self.metrics.observe("evaluation_seconds", cost)
         return evaluation
 
 

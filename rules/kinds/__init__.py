@@ -93,6 +93,10 @@ class Rule(BaseModel):
     inhibited_by_faults: ClassVar[bool] = False
     """Whether a fault on a job mutes this kind's alerts about that job while it recovers."""
 
+    data_driven: ClassVar[bool] = True
+    """Whether counted spend, usage or waste moves this kind's findings. The worker evaluates
+    such kinds as soon as data arrives; the others only on its periodic tick."""
+
     name: RuleName
     kind: str
     match: dict[DimensionKey, Glob] = Field(default_factory=dict)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator
@@ -101,8 +102,7 @@ class BudgetRule(Rule):
 
     def budget_lines(self) -> tuple[Line, ...]:
         """Warning lines then the budget line, least serious first."""
-        warnings = [Line(_warning_name(f), fraction_of(self.limit, f)) for f in self.warn_at]
-        return (*warnings, Line(LIMIT_LINE, self.limit))
+        return _budget_lines(self.limit, self.warn_at)
 
     def evaluate(self, state: StateView, now: float) -> list[Finding]:
         start, end = period_bounds(now, self.period, self.timezone)
@@ -170,6 +170,13 @@ class BudgetRule(Rule):
         if finding.forecast is not None:
             sentence += _forecast_words(finding.forecast, currency)
         return sentence + "."
+
+
+@lru_cache(maxsize=4096)
+def _budget_lines(limit: int, warn_at: tuple[Decimal, ...]) -> tuple[Line, ...]:
+    """The lines of a limit (made once: every finding of the rule carries them)."""
+    warnings = [Line(_warning_name(f), fraction_of(limit, f)) for f in warn_at]
+    return (*warnings, Line(LIMIT_LINE, limit))
 
 
 def _warning_name(fraction: Decimal) -> str:

@@ -178,6 +178,7 @@ class IdleRule(Rule):
     """
 
     inhibited_by_faults: ClassVar[bool] = True
+    data_driven: ClassVar[bool] = False  # gauges and time move it: the tick evaluates it
 
     kind: Literal["idle"]
     metric: MetricName = "gpu_util"

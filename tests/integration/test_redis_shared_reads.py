@@ -1,0 +1,125 @@
+"""On the Redis state the worker reads, shared reads find what per-rule questions find:
+cells and first buckets read once, answers about past hours kept, late events noticed."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from connectors.redis_apply import Applied, BatchWriter
+from connectors.redis_keys import Calendar, slot_tag
+from connectors.redis_state import RedisState
+from rules.engine import Engine
+from rules.events import AnyEvent
+from rules.kept_answers import KeptAnswers
+from rules.loader import RuleSet
+from rules.prices import PriceBook
+from rules.state import FaultRecord, Group, Measure, ResourceSamples
+from rules.tally import Folder, Tally
+from streams.settings import DEFAULT_PRICES
+from tests.unit.rulefiles.builders import DAY, HOUR, MIN, T0, fault, rule, usage
+
+pytestmark = pytest.mark.integration
+
+
+class Questions:
+    """The same Redis state answering one question at a time (no cells, no hour marks)."""
+
+    def __init__(self, state: RedisState) -> None:
+        self.state = state
+
+    def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
+               start: float, end: float) -> dict[Group, int]:
+        return self.state.totals(measure, match, group_by, start, end)
+
+    def samples(self, metric: str, match: Mapping[str, str], since: float
+                ) -> list[ResourceSamples]:
+        return self.state.samples(metric, match, since)
+
+    def earliest_by(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str]
+                    ) -> dict[Group, float]:
+        return self.state.earliest_by(measure, match, group_by)
+
+    def faults(self, since: float) -> list[FaultRecord]:
+        return self.state.faults(since)
+
+
+class Writer:
+    def __init__(self, writer: BatchWriter, namespace: str) -> None:
+        self.writer, self.folder = writer, Folder(PriceBook.load(DEFAULT_PRICES))
+        self.slots = {source: slot_tag(namespace, source, 0) for source in ("usage", "faults")}
+        self.marks = {slot: -1 for slot in self.slots.values()}
+
+    async def write(self, events: list[AnyEvent]) -> None:
+        for source, slot in self.slots.items():
+            mine = [e for e in events if (e.kind == "fault") == (source == "faults")]
+            if not mine:
+                continue
+            tally = Tally()
+            self.folder.fold(tally, mine)
+            await self.writer.register_slots([slot])
+            mark = self.marks[slot]
+            assert await self.writer.apply(slot, mark, mark + 1, tally) == Applied()
+            self.marks[slot] = mark + 1
+
+
+@pytest.fixture
+async def redis_writer(redis_url: str, namespace: str) -> AsyncIterator[Writer]:
+    client = AsyncRedis.from_url(redis_url)
+    yield Writer(BatchWriter(client, namespace, Calendar("UTC"), dedup_ttl=30 * 86400),
+                 namespace)
+    keys = [key async for key in client.scan_iter(match=f"*{namespace}*", count=1000)]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+RULES: list[dict[str, Any]] = [
+    {"kind": "budget", "name": "team-day", "group_by": ["team"], "period": "day",
+     "limit": 300, "warn_at": [0.5], "forecast": True},
+    {"kind": "budget", "name": "job-month", "match": {"env": "prod"}, "group_by": ["job"],
+     "period": "month", "limit": 150},
+    {"kind": "growth", "name": "growth", "group_by": ["team"], "window": "1h",
+     "baseline": "1d", "ratio": 2},
+    {"kind": "fault_waste", "name": "waste", "group_by": ["team"], "period": "day",
+     "max_waste": 20, "max_share": 0.05},
+]
+
+
+def _events(rng: random.Random, times: list[float]) -> list[AnyEvent]:
+    out: list[AnyEvent] = []
+    for ts in times:
+        tags = {"team": f"t{rng.randrange(3)}", "env": rng.choice(["prod", "dev"]),
+                "job": f"j{rng.randrange(5)}"}
+        if rng.random() < 0.15:
+            out.append(fault(ts, units=8, lost_seconds=rng.uniform(60, 900), **tags))
+        else:
+            out.append(usage(ts, rng.uniform(0.5, 15), **tags))
+    return out
+
+
+async def test_shared_reads_on_redis_find_what_single_questions_find(
+        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    rng = random.Random(3)
+    engine = Engine(RuleSet(tuple(rule(**keys) for keys in RULES)), "USD")
+    state = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+    plain = Questions(RedisState(Redis.from_url(redis_url), namespace, "UTC"))
+    kept = KeptAnswers()
+    await redis_writer.write(_events(rng, [T0 - 2 * DAY + i * 13 * MIN for i in range(200)]))
+    now, fired = T0, set()
+    for step in range(12):
+        now += 10 * MIN
+        late = step % 4 == 3  # every fourth step, spend hours late
+        times = [now - (rng.uniform(3 * HOUR, DAY) if late else rng.uniform(0, 5 * MIN))
+                 for _ in range(4)]
+        await redis_writer.write(_events(rng, times))
+        expected = engine.findings(plain, now)
+        assert engine.findings(state, now, kept) == expected, f"step {step}"
+        fired |= {name for name, found in expected.items() if found}
+    assert len(kept) > 0
+    assert fired == {keys["name"] for keys in RULES}

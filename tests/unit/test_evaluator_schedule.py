@@ -1,0 +1,103 @@
+"""When the worker evaluates: as soon as data moved (rules data moves, idle findings reused),
+and every rule on the tick."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rules.alerts import AlertBook
+from rules.engine import Engine, Evaluation
+from rules.loader import RuleSet
+from rules.memory_state import InMemoryState
+from streams.evaluator import Evaluator
+from streams.metrics import Metrics
+from tests.unit.rulefiles.builders import T0, book, rule, sample, usage
+
+RULES = RuleSet((
+    rule(kind="budget", name="team-day", group_by=["team"], period="day", limit=10),
+    rule(kind="idle", name="gpu-idle", below=0.05, for_="10m"),
+))
+
+
+class Watermarks:
+    def __init__(self) -> None:
+        self.applied = 0
+
+    def mget(self, keys: list[str]) -> list[bytes]:
+        return [str(self.applied).encode() for _ in keys]
+
+
+class State(InMemoryState):
+    """An in-memory state with the watermarks the evaluator polls."""
+
+    def __init__(self) -> None:
+        super().__init__(book())
+        self.redis = Watermarks()
+
+    def slots(self) -> list[str]:
+        return ["{ns:usage:0}"]
+
+
+class Store:
+    def __init__(self) -> None:
+        self.saved = AlertBook()
+
+    def book(self) -> AlertBook:
+        return self.saved
+
+    def silences(self, now: float) -> list[Any]:
+        return []
+
+    def save_book(self, saved: AlertBook) -> None:
+        self.saved = saved
+
+
+class Source:
+    def __init__(self) -> None:
+        self.engine = Engine(RULES, "USD")
+
+    def current(self) -> Engine:
+        return self.engine
+
+    def rules(self) -> RuleSet:
+        return RULES
+
+
+def evaluator(state: State) -> Evaluator:
+    async def publish(key: bytes, value: bytes) -> None:
+        return None
+
+    return Evaluator(source=Source(), state=state, store=Store(),  # type: ignore[arg-type]
+                     publish=publish, metrics=Metrics(), tick_s=30)
+
+
+def step(found: Evaluator, now: float) -> Evaluation | None:
+    return asyncio.run(found.step(now))
+
+
+def test_data_triggers_the_rules_it_moves_and_the_tick_every_rule() -> None:
+    state = State()
+    state.add_all([sample(T0 - 20 * 60 + i * 60, 0.01) for i in range(21)])
+    worker = evaluator(state)
+
+    first = step(worker, T0)
+    assert first is not None and first.reused == frozenset()
+    assert first.findings["gpu-idle"]  # the idle GPU, found by the first (full) evaluation
+
+    assert step(worker, T0 + 1) is None  # nothing moved, no tick due
+
+    state.add(usage(T0, 1, team="a"))  # 2.50 of 10: below the line
+    state.redis.applied += 1
+    moved = step(worker, T0 + 2)
+    assert moved is not None and moved.reused == frozenset({"gpu-idle"})
+    assert moved.findings["gpu-idle"] == first.findings["gpu-idle"]
+    assert moved.evaluated().keys() == {"team-day"}
+
+    tick = step(worker, T0 + 31)
+    assert tick is not None and tick.reused == frozenset()
+
+    state.add(usage(T0, 4, team="a"))  # 12.50 of 10
+    state.redis.applied += 1
+    fired = step(worker, T0 + 32)
+    assert fired is not None and [c["group"] for c in fired.changes] == [{"team": "a"}]
