@@ -9,7 +9,7 @@ from counting twice) and the dead-letter topic keeps the exact bytes that failed
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeAlias
@@ -157,6 +157,8 @@ class Rejection:
 class Parsed:
     events: list[AnyEvent]
     batch: bool
+    # Each event's ``unix_ts``, worked out once while checking it.
+    times: list[float] = field(default_factory=list, compare=False)
 
 
 def _where(loc: tuple[int | str, ...], batch: bool) -> str:
@@ -244,6 +246,10 @@ def _code_for(error: Any) -> str:
     return _CODES.get(error["type"], "bad_type")
 
 
+def _at(index: int, batch: bool) -> str:
+    return f"event {index}: " if batch else ""
+
+
 def parse_message(raw: bytes, now: float | None = None) -> Parsed | Rejection:
     """Raw message bytes → validated events, or the precise reason they were refused.
 
@@ -259,18 +265,20 @@ def parse_message(raw: bytes, now: float | None = None) -> Parsed | Rejection:
         except ValidationError as exc:
             return _explain(exc, batch)
         limit = (time.time() if now is None else now) + MAX_FUTURE_S
+        times = []
         for index, event in enumerate(events):
-            where = f"event {index}: " if batch else ""
             try:
                 ts = event.unix_ts
             except (ValueError, OverflowError) as exc:
-                return Rejection("bad_timestamp", f"{where}field ts: {exc}")
+                return Rejection("bad_timestamp", f"{_at(index, batch)}field ts: {exc}")
             if ts < MIN_TS:
-                return Rejection("bad_timestamp", f"{where}field ts: before 1900-01-01")
+                return Rejection("bad_timestamp",
+                                 f"{_at(index, batch)}field ts: before 1900-01-01")
             if ts > limit:
-                return Rejection("future_ts",
-                                 f"{where}field ts: more than 10 minutes in the future")
-        return Parsed(events, batch)
+                return Rejection("future_ts", f"{_at(index, batch)}field ts: more than 10 "
+                                              "minutes in the future")
+            times.append(ts)
+        return Parsed(events, batch, times)
     except Exception as exc:  # noqa: BLE001 - the pipeline must never stop on input
         return Rejection("unparseable", f"message: {type(exc).__name__}: {exc}")
 

@@ -114,11 +114,12 @@ class PricingError(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per event, and frozen ones build slowly
 class Charge:
-    """The priced view of a usage event."""
+    """The priced view of a usage event: its cost and its quantity, in micro-units."""
 
     cost_micro: int
+    quantity_micro: int
     category: Category
     billing: Billing
 
@@ -129,9 +130,10 @@ class PriceBook:
     def __init__(self, model: PriceBookModel) -> None:
         self.currency = model.currency
         self.prices: dict[str, Price] = dict(model.prices)
-        # Price per unit in micro-units, exact and as the nearest float (see product_micro).
-        self._micro = {
-            name: (_CTX.multiply(p.price, _MICRO_D), float(_CTX.multiply(p.price, _MICRO_D)))
+        # Each price with its price per unit in micro-units, exact and as the nearest float
+        # (see product_micro): one lookup per event.
+        self._rates = {
+            name: (p, _CTX.multiply(p.price, _MICRO_D), float(_CTX.multiply(p.price, _MICRO_D)))
             for name, p in self.prices.items()
         }
 
@@ -154,7 +156,10 @@ class PriceBook:
 
     def charge(self, event: UsageEvent) -> Charge:
         """Cost = quantity × price, unless the producer stated the cost itself."""
-        price = self.price_of(event.resource_type)
+        rate = self._rates.get(event.resource_type)
+        if rate is None:
+            self.price_of(event.resource_type)  # raises the unknown resource type
+        price, exact_micro, float_micro = rate  # type: ignore[misc]
         if event.unit != price.unit:
             raise PricingError(
                 "unit_mismatch",
@@ -164,11 +169,9 @@ class PriceBook:
         if event.cost is not None:
             cost = _bounded("cost", product_micro(event.cost, _MICRO_D, 1e6))
         else:
-            exact_micro, float_micro = self._micro[event.resource_type]
             cost = _bounded("quantity", product_micro(event.quantity, exact_micro, float_micro))
-        if event.quantity > MAX_EVENT_MICRO / MICRO:
-            _bounded("quantity", product_micro(event.quantity, _MICRO_D, 1e6))
-        return Charge(cost, event.category or price.category, price.billing)
+        quantity = _bounded("quantity", product_micro(event.quantity, _MICRO_D, 1e6))
+        return Charge(cost, quantity, event.category or price.category, price.billing)
 
     def waste(self, event: FaultEvent) -> int:
         """units × (lost_seconds + recovery_seconds) / 3600 × hourly price, in micro-units."""

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 from rules.events import AnyEvent, FaultEvent, UsageEvent, UtilizationEvent
-from rules.prices import Charge, PriceBook, PricingError, product_micro
+from rules.prices import Charge, PriceBook, PricingError
 
 SLOT_S = 300
 PSEUDO_TAGS = ("category", "resource_type", "billing")
@@ -40,13 +39,6 @@ def event_digest(event_id: str) -> bytes:
     return hashlib.blake2b(event_id.encode(), digest_size=12).digest()
 
 
-_MICRO = Decimal(1_000_000)
-
-
-def quantity_micro(quantity: float) -> int:
-    return product_micro(quantity, _MICRO, 1e6)
-
-
 @dataclass(slots=True)
 class Sample:
     """The latest utilization reading of one resource and metric in a batch."""
@@ -57,13 +49,17 @@ class Sample:
     tags: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass is built field by field, slowly
 class Priced:
-    """An event with what the book says it costs: a ``Charge`` for usage, the waste in
-    micro-units for a fault, nothing for a utilization sample."""
+    """An event ready to fold, with everything the fold needs worked out once: its time,
+    its dedup digest, and what the book says it adds (a ``Charge`` for usage, the waste in
+    micro-units for a fault, nothing for a utilization sample). A batch folded again without
+    some duplicates does none of this work twice."""
 
     event: AnyEvent
     amount: Charge | int | None
+    ts: float
+    digest: bytes
 
 
 @dataclass
@@ -83,11 +79,16 @@ class Tally:
     faults: list[tuple[float, str]] = field(default_factory=list)
     events: int = 0
 
-    def add(self, tsid: str, ts: float, measure: str, micro: int) -> None:
-        slot = int(ts // SLOT_S) * SLOT_S
-        cell = self.sums.get((tsid, slot))
+    def cell(self, tsid: str, ts: float) -> dict[str, int]:
+        """The sums of a tag set in the 5-minute slot holding ``ts``."""
+        key = (tsid, int(ts // SLOT_S) * SLOT_S)
+        cell = self.sums.get(key)
         if cell is None:
-            cell = self.sums[(tsid, slot)] = {}
+            cell = self.sums[key] = {}
+        return cell
+
+    def add(self, tsid: str, ts: float, measure: str, micro: int) -> None:
+        cell = self.cell(tsid, ts)
         cell[measure] = cell.get(measure, 0) + micro
 
 
@@ -114,15 +115,21 @@ class Folder:
             self._ids[key] = found
         return found
 
-    def price(self, events: Iterable[AnyEvent]) -> list[Priced]:
+    def price(self, events: Sequence[AnyEvent],
+              times: Sequence[float] | None = None) -> list[Priced]:
         """Price every event of a message, or raise ``PricingError`` naming the first one the
-        book cannot price (a message is counted whole or not at all)."""
-        priced = []
+        book cannot price (a message is counted whole or not at all). ``times`` are the events'
+        Unix times when the parser already worked them out."""
+        if times is None:
+            times = [event.unix_ts for event in events]
+        priced: list[Priced] = []
+        append = priced.append
         for index, event in enumerate(events):
             try:
-                priced.append(Priced(event, _PRICERS[type(event)](self.prices, event)))
+                amount = _PRICERS[type(event)](self.prices, event)
             except PricingError as exc:
                 raise PricingError(exc.code, f"event {index}: {exc.reason}") from exc
+            append(Priced(event, amount, times[index], event_digest(event.event_id)))
         return priced
 
     def fold(self, tally: Tally, events: Iterable[AnyEvent | Priced],
@@ -130,39 +137,40 @@ class Folder:
         """Add events to ``tally``; events whose digest is in ``skip`` or already folded are
         ignored (a resend inside the same batch counts once)."""
         seen = {d for d, _ in tally.digests}
+        digests = tally.digests
+        folders = _FOLDERS
         for item in events:
-            priced = item if isinstance(item, Priced) else self.price([item])[0]
-            event = priced.event
-            digest = event_digest(event.event_id)
+            priced = item if type(item) is Priced else self.price([item])[0]  # type: ignore[list-item]
+            digest = priced.digest
             if digest in skip or digest in seen:
                 continue
-            ts = event.unix_ts
-            _FOLDERS[type(event)](self, tally, priced, ts)
             seen.add(digest)
-            tally.digests.append((digest, int(ts // 3600) * 3600))
-            tally.events += 1
+            folders[type(priced.event)](self, tally, priced)
+            digests.append((digest, int(priced.ts // 3600) * 3600))
+        tally.events = len(digests)
 
-    def _usage(self, tally: Tally, priced: Priced, ts: float) -> None:
+    def _usage(self, tally: Tally, priced: Priced) -> None:
         event: UsageEvent = priced.event  # type: ignore[assignment]
         charge: Charge = priced.amount  # type: ignore[assignment]
         tsid, canonical = self._tagset(event.tags, event.resource_type, charge.category,
                                        charge.billing)
         tally.tagsets[tsid] = canonical
-        tally.add(tsid, ts, COST, charge.cost_micro)
-        tally.add(tsid, ts, QUANTITY, quantity_micro(event.quantity))
+        cell = tally.cell(tsid, priced.ts)
+        cell[COST] = cell.get(COST, 0) + charge.cost_micro
+        cell[QUANTITY] = cell.get(QUANTITY, 0) + charge.quantity_micro
 
-    def _fault(self, tally: Tally, priced: Priced, ts: float) -> None:
+    def _fault(self, tally: Tally, priced: Priced) -> None:
         event: FaultEvent = priced.event  # type: ignore[assignment]
         price = self.prices.price_of(event.resource_type)
         tsid, canonical = self._tagset(event.tags, event.resource_type, price.category,
                                        price.billing)
         tally.tagsets[tsid] = canonical
-        tally.add(tsid, ts, WASTE_PREFIX + event.fault.value, priced.amount)  # type: ignore[arg-type]
-        tally.faults.append((ts, event.model_dump_json(exclude_none=True)))
+        tally.add(tsid, priced.ts, WASTE_PREFIX + event.fault.value, priced.amount)  # type: ignore[arg-type]
+        tally.faults.append((priced.ts, event.model_dump_json(exclude_none=True)))
 
-    def _utilization(self, tally: Tally, priced: Priced, ts: float) -> None:
+    def _utilization(self, tally: Tally, priced: Priced) -> None:
         event: UtilizationEvent = priced.event  # type: ignore[assignment]
-        key = (event.resource_id, event.metric)
+        key, ts = (event.resource_id, event.metric), priced.ts
         tally.samples.setdefault(key, []).append((ts, event.value))
         latest = tally.latest.get(key)
         if latest is None or ts >= latest.ts:
@@ -175,7 +183,7 @@ _PRICERS: dict[type, Callable[[PriceBook, Any], Any]] = {
     UtilizationEvent: lambda book, event: None,
 }
 
-_FOLDERS: dict[type, Callable[[Folder, Tally, Priced, float], None]] = {
+_FOLDERS: dict[type, Callable[[Folder, Tally, Priced], None]] = {
     UsageEvent: Folder._usage,
     FaultEvent: Folder._fault,
     UtilizationEvent: Folder._utilization,

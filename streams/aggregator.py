@@ -1,18 +1,24 @@
-"""The aggregation step: Kafka messages of one batch → priced sums in Redis, exactly once.
+"""The aggregation step: Kafka messages → priced sums in Redis, exactly once.
 
-Per input partition the worker remembers ``applied``, the offset of the last message whose
-sums it wrote. Redis keeps the same number (the watermark) and every write names the value it
-expects there, so
+Per input partition the worker folds the messages it takes into a *window* (one ``Tally``) and
+a writer task applies windows to Redis one at a time, each in one script call together with
+the offset of its last message (the partition's watermark). While a window is being written
+the next one fills, so parsing and Redis run side by side, and the slower Redis is, the more
+each write carries (up to ``window_events``): a popular tag set costs one counter update per
+write, not one per event. A worker that keeps up writes each take right away.
 
-* a message at or below ``applied`` is skipped (a replay after a seek or a restart);
+Every write names the watermark it expects Redis to hold (the one the worker last wrote), so
+
+* a message at or below what was already folded is skipped (a replay after a seek or a
+  restart);
 * a write that finds an *older* watermark means Redis lost its last writes (it restarted
-  without them): the worker seeks the partition back to the stored watermark and drops the
-  messages it had already fetched beyond it until the re-read ones arrive;
+  without them): the worker seeks the partition back to the stored watermark, drops what it
+  had folded beyond it and the messages it had already fetched, until the re-read ones arrive;
 * a write that finds a *newer* watermark means another worker got there first (a rebalance):
-  the worker adopts it and skips what that worker already counted.
+  the worker adopts it and folds again only what that worker did not count.
 
-Neither Redis nor Kafka being away loses anything: the batch is retried with backoff and
-its messages are acknowledged only after their sums are in Redis.
+Neither Redis nor Kafka being away loses anything: a write is retried with backoff, and a
+restarted worker resumes from the watermark in Redis, whatever Kafka acknowledged.
 """
 
 from __future__ import annotations
@@ -21,12 +27,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
-from connectors.redis_apply import Applied, BatchWriter, Duplicates, Mismatch, Outcome
+from connectors.redis_apply import Applied, BatchWriter, Duplicates, Mismatch
 from connectors.redis_keys import slot_tag
 from rules.events import Rejection, parse_message
 from rules.prices import PricingError
@@ -54,10 +60,28 @@ SendDeadLetter = Callable[[bytes, bytes], Awaitable[None]]
 
 
 @dataclass
+class Window:
+    """Messages of one partition folded and not yet written. It applies only on top of the
+    watermark ``after``; ``messages`` are its accepted messages, kept to fold it again in the
+    rare cases that need it (counted duplicates, a watermark moved by another worker)."""
+
+    after: int
+    last: int
+    tally: Tally = field(default_factory=Tally)
+    messages: list[Message] = field(default_factory=list)
+    skip: frozenset[bytes] = frozenset()  # digests Redis said were counted before
+
+
+@dataclass
 class PartitionState:
-    applied: int
+    applied: int  # the last offset whose sums are in Redis
+    admitted: int  # the last offset folded into a window (≥ applied)
     # While set, fetched messages above this offset are stale (fetched before a seek back).
     stale_above: int | None = None
+    window: Window | None = None  # filling while ``writer`` writes the one before
+    writer: asyncio.Task[None] | None = None
+    # Moves on every seek back: a window filled across one is discarded.
+    epoch: int = 0
 
 
 class Backoff:
@@ -77,7 +101,7 @@ class Backoff:
 class Aggregator:
     def __init__(self, *, namespace: str, sources: dict[str, str], writer: BatchWriter,
                  folder: Folder, send_dead_letter: SendDeadLetter, seek: Seek,
-                 metrics: Metrics, health: Health) -> None:
+                 metrics: Metrics, health: Health, window_events: int = 20_000) -> None:
         self.namespace = namespace
         self.sources = sources  # topic name → short source name used in Redis keys
         self.writer = writer
@@ -86,6 +110,7 @@ class Aggregator:
         self.seek = seek
         self.metrics = metrics
         self.health = health
+        self.window_events = window_events
         self.partitions: dict[TP, PartitionState] = {}
 
     # -- assignment -------------------------------------------------------------------
@@ -100,7 +125,9 @@ class Aggregator:
             if tp[0] not in self.sources:
                 continue
             applied = await self._retry_redis(lambda tp=tp: self.writer.watermark(self.slot(tp)))
-            self.partitions[tp] = PartitionState(applied)
+            # A write still in flight from an earlier ownership may land after this read; the
+            # next write then finds a newer watermark and adopts it.
+            self.partitions[tp] = PartitionState(applied, applied)
             resume[tp] = applied + 1
         await self._retry_redis(lambda: self.writer.register_slots(
             [self.slot(tp) for tp in resume]))
@@ -110,32 +137,33 @@ class Aggregator:
         for tp in tps:
             self.partitions.pop(tp, None)
 
-    # -- the batch --------------------------------------------------------------------
+    # -- filling windows ----------------------------------------------------------------
 
     async def handle(self, messages: Sequence[Message]) -> None:
+        """Fold a take of messages into their partitions' windows and start their writes.
+        Returns once the windows are folded; waits for a write only when a window is full."""
         by_tp: dict[TP, list[Message]] = {}
         for message in messages:
             by_tp.setdefault((message.topic, message.partition), []).append(message)
-        # Partitions are independent: while Redis runs one partition's script, the next one
-        # is parsed and folded.
-        await asyncio.gather(*(self._partition(tp, batch) for tp, batch in by_tp.items()))
+        for tp, batch in by_tp.items():
+            state = self.partitions.get(tp)
+            if state is None:
+                await self.on_assigned([tp])
+                state = self.partitions[tp]
+            await self._fill(state, self._admit(state, batch))
+            await self._schedule(tp, state)
 
-    async def _partition(self, tp: TP, batch: list[Message]) -> None:
-        state = self.partitions.get(tp)
-        if state is None:
-            await self.on_assigned([tp])
-            state = self.partitions[tp]
-        fresh = self._admit(state, batch)
-        if not fresh:
-            return
-        events = await self._screen(fresh)
-        outcome = await self._write(tp, state, fresh[-1].offset, events)
-        if isinstance(outcome, Mismatch):
-            await self._resync(tp, state, outcome.stored, batch)
+    async def flush(self) -> None:
+        """Wait until everything handled so far is written (or was dropped by a seek back)."""
+        for tp, state in list(self.partitions.items()):
+            while state.window is not None or _running(state.writer):
+                if not _running(state.writer):
+                    self._start_writer(tp, state)
+                await state.writer  # type: ignore[misc]
 
     def _admit(self, state: PartitionState, batch: list[Message]) -> list[Message]:
         fresh: list[Message] = []
-        last = state.applied
+        last = state.admitted
         for message in batch:
             offset = message.offset
             if state.stale_above is not None:
@@ -151,21 +179,52 @@ class Aggregator:
             self.metrics.inc("messages_replayed_total", skipped)
         return fresh
 
-    async def _screen(self, messages: list[Message]) -> list[Priced]:
+    async def _fill(self, state: PartitionState, fresh: list[Message]) -> None:
+        if not fresh:
+            return
+        self.metrics.inc("messages_total", len(fresh))
+        epoch = state.epoch
+        events, accepted = await self._screen(fresh)
+        if state.epoch != epoch:
+            return  # Redis lost writes while dead letters were sent: these are re-read
+        window = state.window
+        if window is None:
+            window = state.window = Window(after=state.admitted, last=state.admitted)
+        self.folder.fold(window.tally, events)
+        window.messages += accepted
+        window.last = state.admitted = fresh[-1].offset
+
+    async def _schedule(self, tp: TP, state: PartitionState) -> None:
+        if not _running(state.writer):
+            self._start_writer(tp, state)
+        elif state.window is not None and state.window.tally.events >= self.window_events:
+            # Redis is behind: let it catch up before taking more (bounded memory).
+            await state.writer  # type: ignore[misc]
+
+    def _start_writer(self, tp: TP, state: PartitionState) -> None:
+        if state.writer is not None and state.writer.done() and not state.writer.cancelled():
+            state.writer.result()  # a writer that crashed stops the agent, as it would inline
+        if state.window is not None:
+            state.writer = asyncio.ensure_future(self._drain(tp, state))
+
+    async def _screen(self, messages: list[Message]) -> tuple[list[Priced], list[Message]]:
         """Parse and price; refused messages go to the dead-letter topic before anything
-        of the batch is counted, so a crash can repeat a dead letter but never lose one."""
+        of the batch is counted, so a crash can repeat a dead letter but never lose one.
+        Returns the priced events and the messages they came from."""
         events: list[Priced] = []
+        accepted: list[Message] = []
         for message in messages:
             verdict = parse_message(message.value or b"")
             if isinstance(verdict, Rejection):
                 await self._refuse(message, verdict.code, verdict.reason)
                 continue
             try:
-                events.extend(self.folder.price(verdict.events))
+                events += self.folder.price(verdict.events, verdict.times)
             except PricingError as exc:
                 await self._refuse(message, exc.code, exc.reason)
-        self.metrics.inc("messages_total", len(messages))
-        return events
+                continue
+            accepted.append(message)
+        return events, accepted
 
     async def _refuse(self, message: Message, code: str, reason: str) -> None:
         key, value = dead_letter(message.topic, message.partition, message.offset,
@@ -182,41 +241,62 @@ class Aggregator:
                 await backoff.wait()
         self.metrics.inc("rejected_total", reason=code)
 
-    async def _write(self, tp: TP, state: PartitionState, last_offset: int,
-                     events: list[Priced]) -> Outcome:
-        skip: frozenset[bytes] = frozenset()
+    # -- writing windows ------------------------------------------------------------------
+
+    async def _drain(self, tp: TP, state: PartitionState) -> None:
+        while state.window is not None:
+            window, state.window = state.window, None
+            await self._write(tp, state, window)
+
+    async def _write(self, tp: TP, state: PartitionState, window: Window) -> None:
         while True:
-            tally = Tally()
-            self.folder.fold(tally, events, skip)
+            if window.last <= state.applied:
+                return  # another worker counted all of it
+            if window.after != state.applied:
+                window = await self._refold(state, window)
             started = time.perf_counter()
             outcome = await self._retry_redis(
-                lambda tally=tally: self.writer.apply(self.slot(tp), state.applied, last_offset,
-                                                      tally))
+                lambda w=window: self.writer.apply(self.slot(tp), state.applied, w.last,
+                                                   w.tally))
             self.metrics.observe("redis_apply_seconds", time.perf_counter() - started)
-            if not isinstance(outcome, Duplicates):
-                break
-            self.metrics.inc("events_duplicate_total", len(outcome.digests))
-            skip = skip | outcome.digests
-        if isinstance(outcome, Applied):
-            state.applied = last_offset
-            self.metrics.inc("batches_total")
-            self.metrics.inc("events_total", tally.events)
-        return outcome
+            if isinstance(outcome, Applied):
+                state.applied = window.last
+                self.metrics.inc("batches_total")
+                self.metrics.inc("events_total", window.tally.events)
+                return
+            if isinstance(outcome, Duplicates):
+                self.metrics.inc("events_duplicate_total", len(outcome.digests))
+                window.skip |= outcome.digests
+                window = await self._refold(state, window)
+                continue
+            assert isinstance(outcome, Mismatch)
+            self.metrics.inc("watermark_mismatch_total")
+            if outcome.stored < state.applied:
+                await self._seek_back(tp, state, outcome.stored)
+                return
+            log.info("%s[%d]: watermark %d was advanced elsewhere; skipping to it",
+                     tp[0], tp[1], outcome.stored)
+            state.applied = outcome.stored
+            state.admitted = max(state.admitted, outcome.stored)
 
-    async def _resync(self, tp: TP, state: PartitionState, stored: int,
-                      batch: list[Message]) -> None:
-        self.metrics.inc("watermark_mismatch_total")
-        if stored < state.applied:
-            log.warning("%s[%d]: Redis watermark %d is behind %d (Redis lost writes); "
-                        "re-reading from %d", tp[0], tp[1], stored, state.applied, stored + 1)
-            state.stale_above = state.applied
-            state.applied = stored
-            await self.seek(tp[0], tp[1], stored + 1)
-            return
-        log.info("%s[%d]: watermark %d was advanced elsewhere; skipping to it",
-                 tp[0], tp[1], stored)
-        state.applied = stored
-        await self._partition(tp, batch)
+    async def _refold(self, state: PartitionState, window: Window) -> Window:
+        """The window again from its messages: only those above the stored watermark, and
+        without the events Redis said were counted before."""
+        messages = [m for m in window.messages if m.offset > state.applied]
+        events, accepted = await self._screen(messages)
+        again = Window(after=state.applied, last=window.last, messages=accepted,
+                       skip=window.skip)
+        self.folder.fold(again.tally, events, again.skip)
+        return again
+
+    async def _seek_back(self, tp: TP, state: PartitionState, stored: int) -> None:
+        log.warning("%s[%d]: Redis watermark %d is behind %d (Redis lost writes); "
+                    "re-reading from %d", tp[0], tp[1], stored, state.applied, stored + 1)
+        state.stale_above = state.admitted
+        state.applied = state.admitted = stored
+        state.window = None
+        state.epoch += 1
+        await self.seek(tp[0], tp[1], stored + 1)
 
     async def _retry_redis(self, call: Callable[[], Awaitable[T]]) -> T:
         backoff = Backoff()
@@ -231,3 +311,7 @@ class Aggregator:
                 continue
             self.health.recovered("redis")
             return result
+
+
+def _running(task: asyncio.Task[None] | None) -> bool:
+    return task is not None and not task.done()

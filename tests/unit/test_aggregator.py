@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
@@ -79,26 +80,32 @@ def make() -> tuple[Aggregator, MemoryWriter, list[tuple[str, int, int]], list[b
 H100 = 2_490_000
 
 
+async def handled(agg: Aggregator, batch: list[Msg]) -> None:
+    """One take, written: ``handle`` returns once it is folded, ``flush`` once it is in Redis."""
+    await agg.handle(batch)
+    await agg.flush()
+
+
 async def test_a_replayed_batch_changes_nothing():
     agg, writer, _, _ = make()
     batch = [Msg(TOPIC, 0, i, usage(i)) for i in range(10)]
-    await agg.handle(batch)
-    await agg.handle(batch)
+    await handled(agg, batch)
+    await handled(agg, batch)
     assert writer.cost["{t:usage:0}"] == 10 * H100
     assert writer.wm["{t:usage:0}"] == 9
 
 
 async def test_a_resend_in_a_later_message_counts_once():
     agg, writer, _, _ = make()
-    await agg.handle([Msg(TOPIC, 0, 0, usage(0)), Msg(TOPIC, 0, 1, usage(1))])
-    await agg.handle([Msg(TOPIC, 0, 2, usage(2)), Msg(TOPIC, 0, 3, usage(0, "e1"))])
+    await handled(agg, [Msg(TOPIC, 0, 0, usage(0)), Msg(TOPIC, 0, 1, usage(1))])
+    await handled(agg, [Msg(TOPIC, 0, 2, usage(2)), Msg(TOPIC, 0, 3, usage(0, "e1"))])
     assert writer.cost["{t:usage:0}"] == 3 * H100
     assert writer.wm["{t:usage:0}"] == 3
 
 
 async def test_refused_messages_become_dead_letters_and_move_the_watermark():
     agg, writer, _, letters = make()
-    await agg.handle([Msg(TOPIC, 0, 0, b"nope"), Msg(TOPIC, 0, 1, usage(1))])
+    await handled(agg, [Msg(TOPIC, 0, 0, b"nope"), Msg(TOPIC, 0, 1, usage(1))])
     assert letters == [f"{TOPIC}:0:0".encode()]
     assert writer.wm["{t:usage:0}"] == 1
     assert writer.cost["{t:usage:0}"] == H100
@@ -106,25 +113,25 @@ async def test_refused_messages_become_dead_letters_and_move_the_watermark():
 
 async def test_lost_redis_writes_seek_back_and_stale_messages_are_dropped():
     agg, writer, seeks, _ = make()
-    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(5)])
+    await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(5)])
     # Redis restarts from an older snapshot: offsets 3..4 and their sums are gone.
     writer.wm["{t:usage:0}"] = 2
     writer.cost["{t:usage:0}"] = 3 * H100
     writer.seen -= {event_digest("e3"), event_digest("e4")}  # their dedup memory too
-    await agg.handle([Msg(TOPIC, 0, 5, usage(5)), Msg(TOPIC, 0, 6, usage(6))])
+    await handled(agg, [Msg(TOPIC, 0, 5, usage(5)), Msg(TOPIC, 0, 6, usage(6))])
     assert seeks == [(TOPIC, 0, 3)]
     # Messages fetched before the seek arrive first and are stale; then the re-read ones.
-    await agg.handle([Msg(TOPIC, 0, 7, usage(7))])
-    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(3, 8)])
+    await handled(agg, [Msg(TOPIC, 0, 7, usage(7))])
+    await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(3, 8)])
     assert writer.wm["{t:usage:0}"] == 7
     assert writer.cost["{t:usage:0}"] == 8 * H100
 
 
 async def test_a_watermark_advanced_by_another_worker_is_adopted():
     agg, writer, seeks, _ = make()
-    await agg.handle([Msg(TOPIC, 0, 0, usage(0))])
+    await handled(agg, [Msg(TOPIC, 0, 0, usage(0))])
     writer.wm["{t:usage:0}"] = 4  # another owner applied 1..4 meanwhile
-    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(1, 7)])
+    await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(1, 7)])
     assert seeks == []
     assert writer.wm["{t:usage:0}"] == 6
     assert writer.cost["{t:usage:0}"] == 3 * H100  # e0, e5, e6: 1..4 were the other's
@@ -135,3 +142,88 @@ async def test_partitions_resume_after_their_watermarks():
     writer.wm["{t:usage:1}"] = 41
     resume = await agg.on_assigned([(TOPIC, 1), ("other.topic", 0)])
     assert resume == {(TOPIC, 1): 42}
+
+
+class GatedWriter(MemoryWriter):
+    """Holds each write until the test opens the gate: a Redis that is slower than the
+    worker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.sizes: list[int] = []
+
+    async def apply(self, slot: str, expected: int, new_wm: int, tally: Tally) -> Outcome:
+        await self.gate.wait()
+        self.sizes.append(tally.events)
+        return await super().apply(slot, expected, new_wm, tally)
+
+
+def make_gated(window_events: int = 20_000) -> tuple[Aggregator, GatedWriter]:
+    agg, _, _, _ = make()
+    writer = GatedWriter()
+    agg.writer = writer  # type: ignore[assignment]
+    agg.window_events = window_events
+    return agg, writer
+
+
+async def test_takes_that_arrive_during_a_write_are_written_together():
+    agg, writer = make_gated()
+    await agg.handle([Msg(TOPIC, 0, 0, usage(0))])
+    await asyncio.sleep(0)  # its write starts, and waits at the gate
+    for i in range(1, 4):
+        await agg.handle([Msg(TOPIC, 0, i, usage(i))])
+    writer.gate.set()
+    await agg.flush()
+    assert writer.sizes == [1, 3]
+    assert writer.wm["{t:usage:0}"] == 3
+    assert writer.cost["{t:usage:0}"] == 4 * H100
+
+
+async def test_a_full_window_waits_for_the_write_before_it():
+    agg, writer = make_gated(window_events=2)
+    await agg.handle([Msg(TOPIC, 0, 0, usage(0))])
+    await asyncio.sleep(0)
+    await agg.handle([Msg(TOPIC, 0, 1, usage(1))])  # below the limit: returns at once
+    full = asyncio.ensure_future(agg.handle([Msg(TOPIC, 0, 2, usage(2))]))
+    await asyncio.sleep(0.05)
+    assert not full.done()  # the window holds 2 events and the write before it is pending
+    writer.gate.set()
+    await full
+    await agg.flush()
+    assert writer.wm["{t:usage:0}"] == 2
+    assert writer.cost["{t:usage:0}"] == 3 * H100
+
+
+async def test_a_watermark_moved_past_everything_folded_is_never_moved_back():
+    agg, writer = make_gated()
+    await agg.handle([Msg(TOPIC, 0, 0, usage(0))])
+    await asyncio.sleep(0)
+    await agg.handle([Msg(TOPIC, 0, 1, usage(1))])  # pending behind the first write
+    writer.wm["{t:usage:0}"] = 9  # another owner applied up to 9 meanwhile
+    writer.gate.set()
+    await agg.flush()
+    assert writer.wm["{t:usage:0}"] == 9
+    assert writer.cost.get("{t:usage:0}", 0) == 0
+    await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(5, 11)])
+    assert writer.wm["{t:usage:0}"] == 10
+    assert writer.cost["{t:usage:0}"] == H100  # only offset 10 was this worker's to count
+
+
+async def test_lost_writes_drop_the_window_filling_behind_them():
+    agg, writer, seeks, _ = make()
+    await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(3)])
+    gated = GatedWriter()
+    gated.wm, gated.cost, gated.seen = {"{t:usage:0}": 0}, {"{t:usage:0}": H100}, {
+        event_digest("e0")}  # Redis restarted from a snapshot taken after offset 0
+    agg.writer = gated  # type: ignore[assignment]
+    await agg.handle([Msg(TOPIC, 0, 3, usage(3))])
+    await asyncio.sleep(0)
+    await agg.handle([Msg(TOPIC, 0, 4, usage(4))])  # fills behind the doomed write
+    gated.gate.set()
+    await agg.flush()
+    assert seeks == [(TOPIC, 0, 1)]
+    await handled(agg, [Msg(TOPIC, 0, 5, usage(5))])  # fetched before the seek: stale
+    await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(1, 6)])
+    assert gated.wm["{t:usage:0}"] == 5
+    assert gated.cost["{t:usage:0}"] == 6 * H100
