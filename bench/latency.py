@@ -37,7 +37,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from bench.common import RESOURCES, free_port, vm_status  # noqa: E402 - needs REPO on the path
 
 DAY_S = 86_400
 PROBE_RULES = """\
@@ -81,36 +82,10 @@ BASELINE = {
     "latency": "p50 3.4s, p99 6-14s",
     "evaluation": "1,000 rules over 100k tag sets: >= 2 h per evaluation (7.4 s per rule)",
 }
-RESOURCES = {
-    "gpu.h100": "gpu_hour",
-    "storage.ssd": "gb_hour",
-    "network.egress": "gb",
-    "logs.ingest": "gb",
-}
 
 
 def log(msg: str) -> None:
     print(f"[latency {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def vm_status(pid: int | str = "self") -> dict[str, int]:
-    """VmHWM / VmRSS of a process in KiB (empty if it is gone)."""
-    out: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(("VmHWM:", "VmRSS:")):
-                    key, value = line.split(":", 1)
-                    out[key] = int(value.split()[0])
-    except OSError:
-        pass
-    return out
 
 
 def reset_peak_rss() -> bool:

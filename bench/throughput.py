@@ -53,7 +53,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,43 +67,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.common import RESOURCES, free_port, vm_status  # noqa: E402 - needs REPO on the path
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 DEFAULT_REDIS = "redis://127.0.0.1:16379/0"
 DAY_S = 86400
 
-# resource type -> unit; checked against the price book at start.
-RESOURCES = {
-    "gpu.h100": "gpu_hour",
-    "storage.ssd": "gb_hour",
-    "network.egress": "gb",
-    "logs.ingest": "gb",
-}
 # Probability that a job meters each resource type (a job meters at least one).
 METER_ODDS = {"gpu.h100": 0.9, "storage.ssd": 0.7, "network.egress": 0.5, "logs.ingest": 0.6}
 
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def vm_status(pid: int | str = "self") -> dict[str, int]:
-    """VmHWM / VmRSS of a process in KiB (empty if it is gone)."""
-    out: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(("VmHWM:", "VmRSS:")):
-                    key, value = line.split(":", 1)
-                    out[key] = int(value.split()[0])
-    except OSError:
-        pass
-    return out
 
 
 def git_state() -> dict[str, Any]:

@@ -74,6 +74,9 @@ class Tally:
     sums: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
     tagsets: dict[str, str] = field(default_factory=dict)
     digests: list[tuple[bytes, int]] = field(default_factory=list)
+    # The digests above as a set: a window is folded into take after take, so resends are
+    # found without rebuilding it each time.
+    seen: set[bytes] = field(default_factory=set)
     samples: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     latest: dict[tuple[str, str], Sample] = field(default_factory=dict)
     faults: list[tuple[float, str]] = field(default_factory=list)
@@ -136,8 +139,7 @@ class Folder:
              skip: frozenset[bytes] = frozenset()) -> None:
         """Add events to ``tally``; events whose digest is in ``skip`` or already folded are
         ignored (a resend inside the same batch counts once)."""
-        seen = {d for d, _ in tally.digests}
-        digests = tally.digests
+        seen, digests = tally.seen, tally.digests
         folders = _FOLDERS
         for item in events:
             priced = item if type(item) is Priced else self.price([item])[0]  # type: ignore[list-item]

@@ -85,17 +85,14 @@ class PartitionState:
 
 
 class Backoff:
-    """Exponential backoff with a ceiling; reset after a success."""
+    """Exponential backoff with a ceiling; one per wait for a success."""
 
     def __init__(self, first: float = 0.05, ceiling: float = 5.0) -> None:
-        self.first, self.ceiling, self.delay = first, ceiling, first
+        self.ceiling, self.delay = ceiling, first
 
     async def wait(self) -> None:
         await asyncio.sleep(self.delay)
         self.delay = min(self.delay * 2, self.ceiling)
-
-    def reset(self) -> None:
-        self.delay = self.first
 
 
 class Aggregator:
