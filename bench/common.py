@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 # resource type -> unit of the usage events the benchmarks generate (checked against the
@@ -32,3 +33,40 @@ def vm_status(pid: int | str = "self") -> dict[str, int]:
     except OSError:
         pass
     return out
+
+
+def evaluation_process(pid: int) -> int | None:
+    """The child process a worker evaluates its rules in (``streams.evaluation_process``),
+    if it has started one."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                children = [int(c) for c in fh.read().split()]
+        except OSError:
+            continue
+        for child in children:
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as fh:
+                    if b"spawn_main" in fh.read():
+                        return child
+            except OSError:
+                continue
+    return None
+
+
+def evaluator_figures(pid: int) -> dict[str, float]:
+    """CPU seconds and peak RSS (KiB) of a worker's evaluation process (empty without one)."""
+    child = evaluation_process(pid)
+    if child is None:
+        return {}
+    try:
+        with open(f"/proc/{child}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except OSError:
+        return {}
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return {"evaluator_cpu_s": cpu, "evaluator_VmHWM": vm_status(child).get("VmHWM", 0)}

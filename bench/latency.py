@@ -55,7 +55,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import RESOURCES, free_port, vm_status  # noqa: E402 - needs REPO on the path
+from bench.common import (  # noqa: E402 - needs REPO on the path
+    RESOURCES,
+    evaluator_figures,
+    free_port,
+    vm_status,
+)
 
 DAY_S = 86_400
 PROBE_RULES = """\
@@ -542,13 +547,14 @@ def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cpu_seconds(worker: Worker) -> float:
-    """User + system CPU seconds of the worker process so far."""
+    """User + system CPU seconds of the worker process and its evaluation process so far."""
     assert worker.proc is not None
     try:
         fields = Path(f"/proc/{worker.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + evaluator_figures(worker.proc.pid).get("evaluator_cpu_s", 0.0)
 
 
 def _worker_figures(worker: Worker, before: Mapping[str, float], after: Mapping[str, float],
@@ -560,12 +566,14 @@ def _worker_figures(worker: Worker, before: Mapping[str, float], after: Mapping[
     spent = delta("costline_evaluation_seconds_sum")
     assert worker.proc is not None
     status = vm_status(worker.proc.pid)
+    evaluator = evaluator_figures(worker.proc.pid)
     return {
         "evaluations": int(evaluations),
         "evaluation_mean_s": round(spent / evaluations, 3) if evaluations else None,
         "evaluation_share_of_run": round(spent / seconds, 3),
         "cpu_share": round((_cpu_seconds(worker) - cpu_before) / seconds, 2),
         "peak_rss_mib": mib(status.get("VmHWM")),
+        "evaluator_peak_rss_mib": mib(evaluator.get("evaluator_VmHWM")),
     }
 
 
@@ -920,6 +928,7 @@ def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from rules.engine import Engine
     from rules.kept_answers import KeptAnswers
     from rules.loader import RuleSet, load_rule_text
+    from streams import collector
 
     ns = Namespace("latev" + secrets.token_hex(3), a.bootstrap, a.redis_url, a.partitions)
     empty = workdir / "no-rules.yaml"
@@ -946,6 +955,8 @@ def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         took, _, _ = timed_evaluations(baseline, state, time.time(), a.repeats)
         out["baseline_p50_s"] = round(statistics.median(took), 3)
         log(f"baseline (one rule, nothing kept) p50 {out['baseline_p50_s']}s")
+        # The collector tuned as in the worker's evaluation process (streams.collector).
+        collector.settle()
         out.update(evaluation_cost(Engine(ruleset, "USD"), state, KeptAnswers(),
                                    FreshSpend(ns, a.seed), ns, worker, redis, a))
     finally:
@@ -1104,8 +1115,9 @@ def print_report(result: dict[str, Any]) -> None:
                   f"(every probe leaves a firing alert the evaluation revisits)")
         w = e2e["worker"]
         print(f"  worker              {w['evaluations']} evaluations, mean "
-              f"{w['evaluation_mean_s']}s each; CPU {w['cpu_share']} cores; "
-              f"peak RSS {w['peak_rss_mib']} MiB")
+              f"{w['evaluation_mean_s']}s each; CPU {w['cpu_share']} cores (with its "
+              f"evaluation process); peak RSS {w['peak_rss_mib']} MiB, evaluation process "
+              f"{w['evaluator_peak_rss_mib']} MiB")
         print(f"  first alert after start {e2e['first_alert_s']}s; caught up "
               f"{e2e['caught_up_after_last_send_s']}s after the last send")
     worker_eval = result.get("worker_eval")

@@ -21,12 +21,13 @@ timed from the first fetched message to the last one handled:
 (c) costline: the real worker (``build_app``), done when every partition's Redis watermark
     ``{ns:usage:P}:wm`` reaches the topic's end offset.
 
-It prints events/s, CPU per event, the ratios c/a and c/b, the worker's peak RSS (VmHWM),
-Redis memory of the namespace per distinct tag set, and checks that Redis's total equals the
-generator's (``PriceBook.charge``, to the micro-unit). The machine's load during each window
-is printed too: other work on the machine shows there. ``--without-rules`` adds a pass of
-the batched worker with an empty rule directory; ``--profile`` a pass under a sampling
-profiler, with its hotspots (neither is part of the table's figures).
+It prints events/s, CPU per event, the ratios c/a and c/b, the worker's peak RSS (VmHWM) and
+the CPU and peak RSS of its rule evaluation process (a child of the worker), Redis memory of
+the namespace per distinct tag set, and checks that Redis's total equals the generator's
+(``PriceBook.charge``, to the micro-unit). The machine's load during each window is printed
+too: other work on the machine shows there. ``--without-rules`` adds a pass of the batched
+worker with an empty rule directory; ``--profile`` a pass under a sampling profiler, with its
+hotspots (neither is part of the table's figures).
 
 Scaling out (``--scale``, default 1,2,3; 0 skips it): the batched copy once more, on a topic
 of ``--scale-partitions`` partitions (default 6), read by N real workers in one consumer group
@@ -67,7 +68,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import RESOURCES, free_port, vm_status  # noqa: E402 - needs REPO on the path
+from bench.common import (  # noqa: E402 - needs REPO on the path
+    RESOURCES,
+    evaluator_figures,
+    free_port,
+    vm_status,
+)
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 DEFAULT_REDIS = "redis://127.0.0.1:16379/0"
@@ -826,6 +832,8 @@ class Bench:
             result["t_wm_done"] = time.time()
             # The parent's view: VmHWM of the worker process itself.
             result.update({f"parent_{k}": v for k, v in vm_status(child.proc.pid).items()})
+            # The rules are evaluated in a child process of the worker: its own figures.
+            result.update(evaluator_figures(child.proc.pid))
             after = redis_info(self.a.redis_url)
             result["redis"] = {k: after[k] - before[k] for k in after}
             result["metrics"] = scrape_metrics(child.port)
@@ -1108,6 +1116,7 @@ class Bench:
             **{k: counters[k] for k in ("events_total", "messages_total", "batches_total",
                                         "watermark_mismatch_total", "evaluations_total")},
             **vm_status(child.proc.pid),
+            **evaluator_figures(child.proc.pid),
         }
 
     def fresh_worker_state(self, ns: str) -> None:
@@ -1362,6 +1371,10 @@ def print_table(rep: dict[str, Any]) -> None:
     row("worker peak RSS (VmHWM)",
         [f"{cases[n]['c'].get('parent_VmHWM', cases[n]['c'].get('VmHWM', 0)) / 1024:.0f} MiB"
          for n in names])
+    row("evaluation process: CPU s / peak RSS",
+        [f"{cases[n]['c']['evaluator_cpu_s']:.1f} / "
+         f"{cases[n]['c']['evaluator_VmHWM'] / 1024:.0f} MiB"
+         if "evaluator_cpu_s" in cases[n]["c"] else "-" for n in names])
     row("worker time inside handle()",
         [f"{100 * cases[n]['c']['in_handle_s'] / cases[n]['c']['elapsed_s']:.0f}%"
          for n in names])
@@ -1473,7 +1486,10 @@ def print_scaling(sc: dict[str, Any]) -> None:
             print(f"    w{i}: partitions {w['partitions'] or 'none (idle)'}, "
                   f"{w['events_total']:,.0f} events, "
                   f"CPU {w['cpu_s']:.1f}s, peak RSS {w.get('VmHWM', 0) / 1024:.0f} MiB, "
-                  f"{w['evaluations_total']:.0f} rule evaluations")
+                  f"{w['evaluations_total']:.0f} rule evaluations"
+                  + (f" (their process: CPU {w['evaluator_cpu_s']:.1f}s, peak RSS "
+                     f"{w['evaluator_VmHWM'] / 1024:.0f} MiB)" if "evaluator_cpu_s" in w
+                     else ""))
     if len({r["code"] for r in runs}) > 1:
         print("WARNING: the worker's code changed between the steps (code "
               f"{', '.join(r['code'] for r in runs)}): they do not compare one program")

@@ -28,7 +28,8 @@ from connectors.redis_keys import (
 from rules.tally import Tally
 
 HISTORY_S = 86400
-KNOWN_TAGSETS_MAX = 500_000
+# Tag sets known to be in Redis, per partition slot (~150 bytes each; cleared when full).
+KNOWN_TAGSETS_MAX = 50_000
 FAULTS_KEPT_S = 7 * 86400
 
 # One argument, a msgpack array (decoded by Redis's own cmsgpack, so a batch of 50,000

@@ -166,11 +166,16 @@ class PriceBook:
                 f"field unit: {event.unit!r} but {event.resource_type} is priced per "
                 f"{price.unit!r}",
             )
-        if event.cost is not None:
-            cost = _bounded("cost", product_micro(event.cost, _MICRO_D, 1e6))
+        quantity = product_micro(event.quantity, _MICRO_D, 1e6)
+        stated = event.cost
+        if stated is None:
+            cost = product_micro(event.quantity, exact_micro, float_micro)
         else:
-            cost = _bounded("quantity", product_micro(event.quantity, exact_micro, float_micro))
-        quantity = _bounded("quantity", product_micro(event.quantity, _MICRO_D, 1e6))
+            cost = product_micro(stated, _MICRO_D, 1e6)
+        # One comparison on the hot path; which field overflowed is worked out only then.
+        if cost > MAX_EVENT_MICRO or quantity > MAX_EVENT_MICRO:
+            _bounded("quantity", quantity)
+            _bounded("quantity" if stated is None else "cost", cost)
         return Charge(cost, quantity, event.category or price.category, price.billing)
 
     def waste(self, event: FaultEvent) -> int:

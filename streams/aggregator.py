@@ -98,7 +98,8 @@ class Backoff:
 class Aggregator:
     def __init__(self, *, namespace: str, sources: dict[str, str], writer: BatchWriter,
                  folder: Folder, send_dead_letter: SendDeadLetter, seek: Seek,
-                 metrics: Metrics, health: Health, window_events: int = 20_000) -> None:
+                 metrics: Metrics, health: Health, window_events: int = 20_000,
+                 window_linger_s: float = 0.0) -> None:
         self.namespace = namespace
         self.sources = sources  # topic name → short source name used in Redis keys
         self.writer = writer
@@ -108,6 +109,7 @@ class Aggregator:
         self.metrics = metrics
         self.health = health
         self.window_events = window_events
+        self.window_linger_s = window_linger_s
         self.partitions: dict[TP, PartitionState] = {}
 
     # -- assignment -------------------------------------------------------------------
@@ -242,6 +244,13 @@ class Aggregator:
 
     async def _drain(self, tp: TP, state: PartitionState) -> None:
         while state.window is not None:
+            if self.window_linger_s > 0 and state.window.tally.events < self.window_events:
+                # As a Kafka producer lingers: a moment's wait lets a busy partition's window
+                # take more messages, so Redis gets fewer, larger writes (each write has a
+                # fixed cost on both sides); an idle partition's event waits this long more.
+                await asyncio.sleep(self.window_linger_s)
+                if state.window is None:
+                    break  # dropped by a seek back while waiting
             window, state.window = state.window, None
             await self._write(tp, state, window)
 

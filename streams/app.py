@@ -36,7 +36,9 @@ from connectors.redis_state import RedisState
 from connectors.slack_actions import add_actions_route
 from rules.prices import PriceBook
 from rules.tally import Folder
+from streams import collector
 from streams.aggregator import REDIS_DOWN, Aggregator
+from streams.evaluation_process import ProcessRunner
 from streams.evaluator import Evaluator, RuleSource
 from streams.health import Health
 from streams.metrics import Metrics
@@ -77,7 +79,9 @@ def faust_app(settings: Settings) -> faust.App:
         producer_acks=-1,
         # The dead letter of a refused 10,000-event batch is a few MiB (topics allow 16 MiB).
         producer_max_request_size=MAX_MESSAGE_BYTES,
-        stream_buffer_maxsize=max(4096, settings.batch_messages * 4),
+        # Messages Faust buffers ahead of the agent. 100-event batches are ~33 KB each, so
+        # its default of 4,096 could hold 130 MiB; a few takes ahead keep the agent busy.
+        stream_buffer_maxsize=max(1024, settings.batch_messages * 4),
         broker_commit_every=max(10_000, settings.batch_messages * 4),
         web_in_thread=False,
     )
@@ -138,6 +142,7 @@ class Wiring:
                                settings.dedup_horizon_s),
             folder=Folder(self.prices), send_dead_letter=self.sender("dlq"), seek=seek,
             metrics=self.metrics, health=self.health, window_events=settings.window_events,
+            window_linger_s=settings.window_linger_s,
         )
         source = app.topic(*sources, value_serializer="raw", key_serializer="raw")
 
@@ -166,11 +171,13 @@ class Wiring:
 
     def alerting(self) -> Evaluator:
         settings = self.settings
+        runner = ProcessRunner(settings, self.prices) if settings.evaluator == "process" else None
         return Evaluator(
             source=RuleSource(settings.rules, settings.timezone, self.prices, self.health),
             state=RedisState(self.sync_redis, settings.namespace, settings.timezone),
             store=AlertStore(self.sync_redis, settings.namespace),
             publish=self.sender("alerts"), metrics=self.metrics, tick_s=settings.rules_tick_s,
+            runner=runner,
         )
 
     def reclamation(self, evaluator: Evaluator) -> Reclaimer:
@@ -239,6 +246,12 @@ class Wiring:
         self.every(2.0, "redis_probe", redis_answers)
         self.every(5.0, "kafka_probe", kafka_answers)
 
+    def collector(self) -> None:
+        @self.app.task
+        async def settle_collector() -> None:
+            """Once the worker has started (streams.collector)."""
+            collector.settle()
+
     def pages(self) -> None:
         health, metrics = self.health, self.metrics
 
@@ -279,6 +292,7 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
     wiring.slack(evaluator, reclaimer)
     wiring.probes()
     wiring.pages()
+    wiring.collector()
     _describe(wiring.metrics)
     return wiring.app, aggregator
 

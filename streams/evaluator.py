@@ -1,4 +1,4 @@
-"""Runs the rule engine inside the worker and publishes alert changes to ``NS.alerts.v1``.
+"""Runs the rule engine for the worker and publishes alert changes to ``NS.alerts.v1``.
 
 Evaluation is driven by data and by time. Several times a second (``COSTLINE_RULES_POLL_S``)
 the evaluator reads the data generation, the sum of every partition's watermark (one MGET),
@@ -7,7 +7,8 @@ reusing the other rules' last findings. Every ``tick`` seconds it evaluates ever
 what time alone changes (``for``, idle, period rollover, forecasts). Answers about hours
 before the last one or two are kept between evaluations (``rules.kept_answers``), so an
 evaluation reads little more than the spend of the last hour. Only the Faust leader
-evaluates, so two workers never race on the alert book.
+evaluates, so two workers never race on the alert book; by default it evaluates in a child
+process of its own (``streams.evaluation_process``), so evaluating never slows the aggregation.
 
 Changes are published before the book is saved: a crash in between republishes them on the
 next evaluation, and the Slack notifier's ledger recognises a change it already sent.
@@ -21,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from connectors.alert_store import AlertStore
 from connectors.redis_keys import wm_key
@@ -84,16 +85,55 @@ class RuleSource:
         return self.engine
 
 
+class Runner(Protocol):
+    """Where evaluations run: in this process (``InlineRunner``) or in a child process of
+    their own (``streams.evaluation_process.ProcessRunner``)."""
+
+    def evaluate(self, engine: Engine, now: float, full: bool) -> Evaluation: ...
+
+
+class InlineRunner:
+    """Evaluates in the calling thread against the state in Redis, keeping what the next
+    evaluation can reuse: answers about past hours, and the findings of the rules data does
+    not move (between ticks, those are reused instead of evaluated again)."""
+
+    def __init__(self, state: RedisState, store: AlertStore) -> None:
+        self.state, self.store = state, store
+        self.kept = KeptAnswers()
+        self._engine: Engine | None = None  # the engine of the last evaluation
+        self._last: Evaluation | None = None
+
+    def evaluate(self, engine: Engine, now: float, full: bool) -> Evaluation:
+        reuse = None if full else self._reusable(engine)
+        evaluation = engine.evaluate(self.state, now, self.store.book(),
+                                     self.store.silences(now), kept=self.kept, reuse=reuse)
+        self._engine, self._last = engine, evaluation
+        return evaluation
+
+    def _reusable(self, engine: Engine) -> dict[str, list[Finding]] | None:
+        """The last findings of the rules data does not move, or ``None`` when every rule
+        must be evaluated (new rules, or none evaluated yet)."""
+        last = self._last
+        if last is None or engine is not self._engine:
+            return None
+        timed = [rule.name for rule in engine.rules if not rule.data_driven]
+        if any(name not in last.findings for name in timed):
+            return None
+        return {name: last.findings[name] for name in timed}
+
+
 class Evaluator:
+    """Decides when to evaluate, and publishes what changed; a ``Runner`` evaluates."""
+
     def __init__(self, *, source: RuleSource, state: RedisState, store: AlertStore,
-                 publish: Publish, metrics: Metrics, tick_s: float = 30.0) -> None:
+                 publish: Publish, metrics: Metrics, tick_s: float = 30.0,
+                 runner: Runner | None = None) -> None:
         self.source, self.state, self.store = source, state, store
         self.publish, self.metrics, self.tick_s = publish, metrics, tick_s
-        self.kept = KeptAnswers()
+        self.runner: Runner = runner if runner is not None else InlineRunner(state, store)
         self._generation: int | None = None
         self._last_full: float | None = None  # when every rule was last evaluated
         self._ready_at = 0.0  # monotonic time before which data does not trigger again
-        self._engine: Engine | None = None  # the engine of the last evaluation
         self.last_evaluation: Evaluation | None = None
 
     def _data_generation(self) -> int:
@@ -116,38 +156,26 @@ class Evaluator:
         engine = self.source.current()
         if engine is None:
             return None
-        reuse = None if tick else self._reusable(engine)
-        evaluation = await asyncio.to_thread(self._evaluate, engine, now, reuse)
+        evaluation = await asyncio.to_thread(self._evaluate, engine, now, tick)
         for change in evaluation.changes:
             await self.publish(change["alert_id"].encode(), _json(change))
         await asyncio.to_thread(self.store.save_book, evaluation.book)
-        self._generation, self._engine = generation, engine
-        if reuse is None:
+        self._generation = generation
+        if tick:
             self._last_full = now
         self.last_evaluation = evaluation
         self.metrics.inc("evaluations_total")
         self.metrics.inc("alert_changes_total", len(evaluation.changes))
         return evaluation
 
-    def _reusable(self, engine: Engine) -> dict[str, list[Finding]] | None:
-        """The last findings of the rules data does not move, or ``None`` when every rule
-        must be evaluated (new rules, or none evaluated yet)."""
-        last = self.last_evaluation
-        if last is None or engine is not self._engine:
-            return None
-        timed = [rule.name for rule in engine.rules if not rule.data_driven]
-        if any(name not in last.findings for name in timed):
-            return None
-        return {name: last.findings[name] for name in timed}
-
-    def _evaluate(self, engine: Engine, now: float,
-                  reuse: dict[str, list[Finding]] | None) -> Evaluation:
+    def _evaluate(self, engine: Engine, now: float, full: bool) -> Evaluation:
         started = time.perf_counter()
-        evaluation = engine.evaluate(self.state, now, self.store.book(),
-                                     self.store.silences(now), kept=self.kept, reuse=reuse)
+        evaluation = self.runner.evaluate(engine, now, full)
         cost = time.perf_counter() - started
-        # The evaluation shares the process (and its GIL) with the aggregation: data may
-        # trigger the next one only after as long again, so it takes half a core at most.
+        # Data may trigger the next evaluation only after as long again, so evaluating takes
+        # half a core at most and leaves the rest to the aggregation, Redis and Kafka (inline,
+        # it would otherwise starve the aggregation of the GIL). Measured: a shorter rest
+        # (half as long) made the aggregation fall seconds behind on two CPUs.
         self._ready_at = time.monotonic() + cost
         self.metrics.observe("evaluation_seconds", cost)
         return evaluation

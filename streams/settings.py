@@ -93,12 +93,20 @@ class Settings(BaseSettings):
     rules_poll_s: float = Field(
         0.15, gt=0, description="how often the leader looks for new data to evaluate the rules on"
     )
+    evaluator: Literal["process", "inline"] = Field(
+        "process", description="where the leader evaluates the rules: in a child process of "
+        "its own (it then never slows the aggregation), or inline in the worker's process"
+    )
     batch_within_s: float = Field(
         0.2, gt=0, description="longest wait for a batch to fill before it is applied"
     )
     window_events: int = Field(
-        20_000, ge=1, description="most events of one partition folded together while its "
+        10_000, ge=1, description="most events of one partition folded together while its "
         "previous Redis write is in flight (bigger: fewer, cheaper writes; more memory)"
+    )
+    window_linger_s: float = Field(
+        0.05, ge=0, description="how long a window waits for more messages before it is "
+        "written (fewer, larger Redis writes under load; that much more latency)"
     )
 
     # How every Kafka client connects (docs/SECURITY.md, "Transport security").

@@ -18,6 +18,7 @@ from streams.settings import Settings
 from streams.stack.maven import ensure_kafka_jars
 from streams.stack.process import ProcessRecord, is_running, read_record
 from tests.conftest import unavailable
+from tests.integration.redis_writer import redis_writer  # noqa: F401 - a fixture
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

@@ -4,24 +4,19 @@ cells and first buckets read once, answers about past hours kept, late events no
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 from redis import Redis
-from redis.asyncio import Redis as AsyncRedis
 
-from connectors.redis_apply import Applied, BatchWriter
-from connectors.redis_keys import Calendar, slot_tag
 from connectors.redis_state import RedisState
 from rules.engine import Engine
 from rules.events import AnyEvent
 from rules.kept_answers import KeptAnswers
 from rules.loader import RuleSet
-from rules.prices import PriceBook
 from rules.state import FaultRecord, Group, Measure, ResourceSamples
-from rules.tally import Folder, Tally
-from streams.settings import DEFAULT_PRICES
+from tests.integration.redis_writer import Writer
 from tests.unit.rulefiles.builders import DAY, HOUR, MIN, T0, fault, rule, usage
 
 pytestmark = pytest.mark.integration
@@ -47,36 +42,6 @@ class Questions:
 
     def faults(self, since: float) -> list[FaultRecord]:
         return self.state.faults(since)
-
-
-class Writer:
-    def __init__(self, writer: BatchWriter, namespace: str) -> None:
-        self.writer, self.folder = writer, Folder(PriceBook.load(DEFAULT_PRICES))
-        self.slots = {source: slot_tag(namespace, source, 0) for source in ("usage", "faults")}
-        self.marks = {slot: -1 for slot in self.slots.values()}
-
-    async def write(self, events: list[AnyEvent]) -> None:
-        for source, slot in self.slots.items():
-            mine = [e for e in events if (e.kind == "fault") == (source == "faults")]
-            if not mine:
-                continue
-            tally = Tally()
-            self.folder.fold(tally, mine)
-            await self.writer.register_slots([slot])
-            mark = self.marks[slot]
-            assert await self.writer.apply(slot, mark, mark + 1, tally) == Applied()
-            self.marks[slot] = mark + 1
-
-
-@pytest.fixture
-async def redis_writer(redis_url: str, namespace: str) -> AsyncIterator[Writer]:
-    client = AsyncRedis.from_url(redis_url)
-    yield Writer(BatchWriter(client, namespace, Calendar("UTC"), dedup_ttl=30 * 86400),
-                 namespace)
-    keys = [key async for key in client.scan_iter(match=f"*{namespace}*", count=1000)]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 RULES: list[dict[str, Any]] = [

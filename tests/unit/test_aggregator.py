@@ -227,3 +227,23 @@ async def test_lost_writes_drop_the_window_filling_behind_them():
     await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(1, 6)])
     assert gated.wm["{t:usage:0}"] == 5
     assert gated.cost["{t:usage:0}"] == 6 * H100
+
+
+async def test_a_lingering_window_takes_the_messages_that_arrive_meanwhile():
+    agg, writer, _, _ = make()
+    agg.window_linger_s = 0.2
+    for i in range(5):  # five takes, 20 ms apart: all within the first window's linger
+        await agg.handle([Msg(TOPIC, 0, i, usage(i))])
+        await asyncio.sleep(0.02)
+    assert writer.calls == 0  # still lingering
+    await agg.flush()
+    assert writer.calls == 1
+    assert writer.wm["{t:usage:0}"] == 4 and writer.cost["{t:usage:0}"] == 5 * H100
+
+
+async def test_a_full_window_does_not_linger():
+    agg, writer, _, _ = make()
+    agg.window_linger_s, agg.window_events = 30.0, 3
+    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(3)])
+    await asyncio.wait_for(agg.flush(), timeout=5)
+    assert writer.wm["{t:usage:0}"] == 2

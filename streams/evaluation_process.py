@@ -1,0 +1,159 @@
+"""Rule evaluation in a child process of its own, so it never competes with the aggregation
+for the worker's GIL, and its memory (the state it reads, the answers it keeps) is not the
+aggregating process's.
+
+The worker (its Faust leader) still decides when to evaluate, publishes the changes and saves
+the alert book, in that order; the child only evaluates. It is started on the first evaluation,
+reads Redis with its own connection, and keeps what an evaluation may reuse (answers about past
+hours, the findings of the rules data does not move) between evaluations. The rules cross the
+pipe once per rule set, the evaluation comes back whole.
+
+A child that dies is started again on the next evaluation, which is then a full one; a worker
+that dies closes the pipe, and the child exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from rules.engine import Engine, Evaluation
+from rules.loader import RuleSet
+from rules.prices import PriceBook
+from streams import collector
+
+log = logging.getLogger("costline.evaluator")
+
+_WAIT_S = 1.0  # how often a waiting worker checks that the child is still alive
+
+
+class EvaluatorDied(RuntimeError):
+    """The child process ended in the middle of an evaluation."""
+
+
+class ProcessRunner:
+    """Runs evaluations in a child process; one evaluation at a time (the caller awaits each).
+
+    The child connects to Redis as ``settings`` say, and prices with the worker's own book.
+    """
+
+    def __init__(self, settings: Any, prices: PriceBook) -> None:
+        self.settings, self.prices = settings, prices
+        self._process: Any = None
+        self._conn: Connection | None = None
+        self._rules: RuleSet | None = None  # the rule set the child holds
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def evaluate(self, engine: Engine, now: float, full: bool) -> Evaluation:
+        conn = self._child()
+        if engine.rules is not self._rules:
+            conn.send(("rules", engine.rules))
+            self._rules = engine.rules
+        conn.send(("evaluate", now, full))
+        return self._answer(conn)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None:
+            self._process.join(timeout=5)
+            if self._process.is_alive():
+                self._process.kill()
+        self._process = self._conn = self._rules = None
+
+    def _child(self) -> Connection:
+        if self._process is not None and self._process.is_alive() and self._conn is not None:
+            return self._conn
+        if self._process is not None:
+            log.error("the evaluation process ended (exit code %s); starting a new one",
+                      self._process.exitcode)
+            self.close()
+        # Spawned, not forked: the worker runs an event loop and threads a fork would copy
+        # mid-flight.
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        level = logging.getLogger("costline").getEffectiveLevel()
+        process = context.Process(target=child_main, name="costline-evaluator", daemon=True,
+                                  args=(self.settings, self.prices, theirs, level))
+        process.start()
+        theirs.close()
+        self._process, self._conn = process, ours
+        log.info("evaluation process started (pid %d)", process.pid)
+        return ours
+
+    def _answer(self, conn: Connection) -> Evaluation:
+        while not conn.poll(_WAIT_S):
+            if not self._process.is_alive():
+                break
+        try:
+            kind, value = conn.recv()
+        except (EOFError, OSError) as exc:
+            code = self._process.exitcode if self._process is not None else None
+            self.close()
+            raise EvaluatorDied(f"the evaluation process ended (exit code {code})") from exc
+        except Exception as exc:  # an error that crossed but cannot be rebuilt here
+            raise RuntimeError(f"the evaluation failed: {exc!r}") from exc
+        if kind == "error":
+            raise value
+        return value  # type: ignore[no-any-return]
+
+
+def child_main(settings: Any, prices: PriceBook, conn: Connection, level: int) -> None:
+    """The child: evaluate what the worker asks for until the worker closes the pipe."""
+    # Ctrl-C in a terminal reaches the whole process group: the worker decides when to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=level,
+                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    runner, engine = _runner(settings), None
+    collector.settle()
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return  # the worker is gone
+        if request[0] == "rules":
+            engine = Engine.for_prices(request[1], prices)
+            continue
+        _, now, full = request
+        try:
+            if engine is None:
+                raise RuntimeError("no rules were sent before the evaluation")
+            answer: tuple[str, Any] = ("ok", runner.evaluate(engine, now, full))
+        except Exception as exc:  # noqa: BLE001 - the worker reports it and retries
+            answer = ("error", exc)
+        try:
+            _send(conn, answer)
+        except (EOFError, OSError):
+            return
+
+
+def _runner(settings: Any) -> Any:
+    from redis import Redis
+
+    from connectors.alert_store import AlertStore
+    from connectors.redis_state import RedisState
+    from streams.evaluator import InlineRunner
+
+    redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    return InlineRunner(RedisState(redis, settings.namespace, settings.timezone),
+                        AlertStore(redis, settings.namespace))
+
+
+def _send(conn: Connection, answer: tuple[str, Any]) -> None:
+    """An error crosses as itself when it can (a Redis error stays one, so the worker marks
+    Redis failing), else as its traceback in words."""
+    try:
+        conn.send(answer)
+    except (EOFError, OSError):
+        raise
+    except Exception:  # noqa: BLE001 - what cannot cross the pipe
+        kind, value = answer
+        text = "".join(traceback.format_exception(value)) if kind == "error" else repr(value)
+        conn.send(("error", RuntimeError(f"the evaluation process could not send: {text}")))

@@ -1,0 +1,108 @@
+"""Rule evaluation in a child process: the same answers as in the worker's own process, a
+child that dies is replaced, a Redis outage still reads as one, and a gone worker ends it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis import Redis
+
+from connectors.alert_store import AlertStore
+from connectors.redis_state import RedisState
+from rules.engine import Engine, Evaluation
+from rules.loader import RuleSet
+from rules.prices import PriceBook
+from streams.evaluation_process import ProcessRunner
+from streams.evaluator import InlineRunner
+from streams.settings import DEFAULT_PRICES, Settings
+from tests.conftest import DEFAULT_REDIS_URL
+from tests.integration.redis_writer import Writer
+from tests.integration.streamkit import free_port
+from tests.unit.rulefiles.builders import MIN, T0, rule, usage
+
+pytestmark = pytest.mark.integration
+
+PRICES = PriceBook.load(DEFAULT_PRICES)
+BUDGETS = RuleSet((
+    rule(kind="budget", name="team-day", group_by=["team"], period="day", limit=10,
+         warn_at=[0.5]),
+    rule(kind="growth", name="growth", group_by=["team"], window="1h", baseline="1d", ratio=2),
+))
+NIGHTLY = RuleSet((rule(kind="budget", name="team-night", group_by=["team"], period="day",
+                        limit=1),))
+
+
+@pytest.fixture
+def runner(redis_url: str, namespace: str) -> Iterator[ProcessRunner]:
+    found = ProcessRunner(Settings(redis_url=redis_url, namespace=namespace, timezone="UTC"),
+                          PRICES)
+    yield found
+    found.close()
+
+
+def inline(redis_url: str, namespace: str) -> InlineRunner:
+    client = Redis.from_url(redis_url)
+    return InlineRunner(RedisState(client, namespace, "UTC"), AlertStore(client, namespace))
+
+
+def shown(evaluation: Evaluation) -> tuple[object, ...]:
+    return (evaluation.at, evaluation.changes, evaluation.findings, evaluation.book,
+            evaluation.reused)
+
+
+async def test_the_child_answers_as_the_worker_would(
+        runner: ProcessRunner, redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    await redis_writer.write([usage(T0 - 30 * MIN + i * MIN, 0.5, team=f"t{i % 3}")
+                              for i in range(30)])  # 1.25 a minute: t0..t2 at 12.50 each
+    engine, here = Engine.for_prices(BUDGETS, PRICES), inline(redis_url, namespace)
+
+    there = runner.evaluate(engine, T0, full=True)
+    assert shown(there) == shown(here.evaluate(engine, T0, full=True))
+    assert {c["group"]["team"] for c in there.changes} == {"t0", "t1", "t2"}
+    assert runner.pid != os.getpid()
+
+    # Between ticks the child reuses what it kept: the same as the inline runner does.
+    await redis_writer.write([usage(T0 + MIN, 4, team="t9")])
+    there = runner.evaluate(engine, T0 + 60, full=False)
+    assert shown(there) == shown(here.evaluate(engine, T0 + 60, full=False))
+    assert "t9" in {f.group["team"] for f in there.findings["team-day"]}
+
+
+async def test_a_new_rule_set_and_a_dead_child_are_taken_care_of(
+        runner: ProcessRunner, redis_writer: Writer) -> None:
+    await redis_writer.write([usage(T0 - MIN, 3, team="a")])  # over the warning line
+    assert runner.evaluate(Engine.for_prices(BUDGETS, PRICES), T0, full=True).changes
+
+    first = runner.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    time.sleep(0.5)
+    # A new child, which never saw a rule set: it is sent the rules in force.
+    changed = runner.evaluate(Engine.for_prices(NIGHTLY, PRICES), T0 + 60, full=True)
+    assert runner.pid not in (None, first)
+    assert [(c["rule"], c["group"]) for c in changed.changes] == [("team-night", {"team": "a"})]
+
+
+def test_a_redis_outage_crosses_as_a_redis_error(namespace: str) -> None:
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    assert closed != DEFAULT_REDIS_URL
+    runner = ProcessRunner(Settings(redis_url=closed, namespace=namespace), PRICES)
+    try:
+        with pytest.raises(redis.ConnectionError):
+            runner.evaluate(Engine.for_prices(BUDGETS, PRICES), T0, full=True)
+    finally:
+        runner.close()
+
+
+def test_the_child_ends_when_the_worker_is_gone(runner: ProcessRunner, redis_url: str) -> None:
+    runner.evaluate(Engine.for_prices(NIGHTLY, PRICES), T0, full=True)
+    process = runner._process
+    assert process is not None and process.is_alive()
+    runner._conn.close()  # what the worker's death does to the pipe
+    process.join(timeout=10)
+    assert process.exitcode == 0
