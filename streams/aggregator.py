@@ -98,7 +98,7 @@ class Backoff:
 class Aggregator:
     def __init__(self, *, namespace: str, sources: dict[str, str], writer: BatchWriter,
                  folder: Folder, send_dead_letter: SendDeadLetter, seek: Seek,
-                 metrics: Metrics, health: Health, window_events: int = 20_000,
+                 metrics: Metrics, health: Health, window_events: int = 10_000,
                  window_linger_s: float = 0.0) -> None:
         self.namespace = namespace
         self.sources = sources  # topic name → short source name used in Redis keys

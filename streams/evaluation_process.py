@@ -21,6 +21,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+import connectors.reclaim  # noqa: F401 - the connectors' rule parameters, as the worker knows them
 from rules.engine import Engine, Evaluation
 from rules.loader import RuleSet
 from rules.prices import PriceBook

@@ -95,7 +95,8 @@ class Settings(BaseSettings):
     )
     evaluator: Literal["process", "inline"] = Field(
         "process", description="where the leader evaluates the rules: in a child process of "
-        "its own (it then never slows the aggregation), or inline in the worker's process"
+        "its own (it never holds the aggregation's interpreter lock), or inline in the worker's "
+        "process"
     )
     batch_within_s: float = Field(
         0.2, gt=0, description="longest wait for a batch to fill before it is applied"

@@ -12,6 +12,7 @@ import pytest
 import redis
 from redis import Redis
 
+import connectors.reclaim  # noqa: F401 - the worker knows every connector
 from connectors.alert_store import AlertStore
 from connectors.redis_state import RedisState
 from rules.engine import Engine, Evaluation
@@ -23,7 +24,7 @@ from streams.settings import DEFAULT_PRICES, Settings
 from tests.conftest import DEFAULT_REDIS_URL
 from tests.integration.redis_writer import Writer
 from tests.integration.streamkit import free_port
-from tests.unit.rulefiles.builders import MIN, T0, rule, usage
+from tests.unit.rulefiles.builders import MIN, T0, rule, sample, usage
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +34,10 @@ BUDGETS = RuleSet((
          warn_at=[0.5]),
     rule(kind="growth", name="growth", group_by=["team"], window="1h", baseline="1d", ratio=2),
 ))
+# A reclaim block with a connector's own parameters (``approval``): the child must know the
+# connectors the worker knows, or the rule's parameters no longer validate there.
+IDLE = RuleSet((rule(kind="idle", name="gpu-idle", below=0.05, for_="10m",
+                     reclaim={"connector": "dry_run", "grace": "1h", "approval": "manual"}),))
 NIGHTLY = RuleSet((rule(kind="budget", name="team-night", group_by=["team"], period="day",
                         limit=1),))
 
@@ -71,6 +76,16 @@ async def test_the_child_answers_as_the_worker_would(
     there = runner.evaluate(engine, T0 + 60, full=False)
     assert shown(there) == shown(here.evaluate(engine, T0 + 60, full=False))
     assert "t9" in {f.group["team"] for f in there.findings["team-day"]}
+
+
+async def test_reclaim_requests_come_back_with_their_connector_parameters(
+        runner: ProcessRunner, redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    await redis_writer.write([sample(T0 - 20 * MIN + i * MIN, 0.01) for i in range(21)])
+    engine = Engine.for_prices(IDLE, PRICES)
+    there = runner.evaluate(engine, T0, full=True)
+    assert shown(there) == shown(inline(redis_url, namespace).evaluate(engine, T0, full=True))
+    [found] = there.findings["gpu-idle"]
+    assert found.reclaim is not None and found.reclaim.params["approval"] == "manual"
 
 
 async def test_a_new_rule_set_and_a_dead_child_are_taken_care_of(
