@@ -35,6 +35,16 @@ def vm_status(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
+def cpu_seconds(pid: int | str) -> float:
+    """User + system CPU seconds of a process, all its threads (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def evaluation_process(pid: int) -> int | None:
     """The child process a worker evaluates its rules in (``streams.evaluation_process``),
     if it has started one."""
@@ -63,10 +73,5 @@ def evaluator_figures(pid: int) -> dict[str, float]:
     child = evaluation_process(pid)
     if child is None:
         return {}
-    try:
-        with open(f"/proc/{child}/stat") as fh:
-            fields = fh.read().rpartition(")")[2].split()
-    except OSError:
-        return {}
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return {"evaluator_cpu_s": cpu, "evaluator_VmHWM": vm_status(child).get("VmHWM", 0)}
+    return {"evaluator_cpu_s": cpu_seconds(child),
+            "evaluator_VmHWM": vm_status(child).get("VmHWM", 0)}

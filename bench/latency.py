@@ -57,6 +57,7 @@ if str(REPO) not in sys.path:
 
 from bench.common import (  # noqa: E402 - needs REPO on the path
     RESOURCES,
+    cpu_seconds,
     evaluator_figures,
     free_port,
     vm_status,
@@ -549,12 +550,8 @@ def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
 def _cpu_seconds(worker: Worker) -> float:
     """User + system CPU seconds of the worker process and its evaluation process so far."""
     assert worker.proc is not None
-    try:
-        fields = Path(f"/proc/{worker.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + evaluator_figures(worker.proc.pid).get("evaluator_cpu_s", 0.0)
+    pid = worker.proc.pid
+    return cpu_seconds(pid) + evaluator_figures(pid).get("evaluator_cpu_s", 0.0)
 
 
 def _worker_figures(worker: Worker, before: Mapping[str, float], after: Mapping[str, float],

@@ -70,6 +70,7 @@ if str(REPO) not in sys.path:
 
 from bench.common import (  # noqa: E402 - needs REPO on the path
     RESOURCES,
+    cpu_seconds,
     evaluator_figures,
     free_port,
     vm_status,
@@ -460,16 +461,6 @@ def scrape_metrics(port: int) -> dict[str, float]:
     for name, _, value in scrape_series(port):
         out[name] = out.get(name, 0.0) + value
     return out
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def redis_total(redis_url: str, ns: str, ts_min: float, ts_max: float) -> int:
@@ -1038,7 +1029,7 @@ class Bench:
                 os.path.exists(c.out + ".assign") for c in children) and exclusive_split(
                 [last_assignment(c) for c in children], len(ends)))
             joined_s = time.perf_counter() - joining
-            cpu0 = [proc_cpu_s(c.proc.pid) for c in children]
+            cpu0 = [cpu_seconds(c.proc.pid) for c in children]
             Path(f"{go}.fetch").touch()
             run = self.watch_group(children, r, ns, ends, label)
             run["joined_s"], run["code"] = joined_s, code
@@ -1078,7 +1069,7 @@ class Bench:
             applied = sum(w + 1 for w in watermarks(r, ns, len(ends)))
             if machine0 is None and any(os.path.exists(c.out + ".first") for c in children):
                 machine0 = (cpu_jiffies(), redis_info(self.a.redis_url)["cpu_s"])
-                kafka0 = sum(map(proc_cpu_s, brokers))
+                kafka0 = sum(map(cpu_seconds, brokers))
             if applied >= total:
                 break
             dead = [c for c in children if not c.alive()]
@@ -1093,7 +1084,7 @@ class Bench:
             time.sleep(0.05)
         machine = machine_load(machine0 or (cpu_jiffies(), 0.0), self.a.redis_url)
         if brokers:
-            machine["kafka_cpu_s"] = sum(map(proc_cpu_s, brokers)) - kafka0
+            machine["kafka_cpu_s"] = sum(map(cpu_seconds, brokers)) - kafka0
         t_first = min(f["t"] for f in map(read_json, (c.out + ".first" for c in children)) if f)
         moved = [sum(1 for a in read_jsonl(c.out + ".assign") if a["t"] > t_first)
                  for c in children]
@@ -1112,7 +1103,7 @@ class Bench:
             "partitions": sorted(int(labels["partition"]) for name, labels, _ in series
                                  if name == "costline_consumer_lag"
                                  and labels.get("topic") == topic),
-            "cpu_s": proc_cpu_s(child.proc.pid) - cpu0,
+            "cpu_s": cpu_seconds(child.proc.pid) - cpu0,
             **{k: counters[k] for k in ("events_total", "messages_total", "batches_total",
                                         "watermark_mismatch_total", "evaluations_total")},
             **vm_status(child.proc.pid),

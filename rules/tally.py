@@ -10,7 +10,6 @@ derived by the store. Everything is integer micro-units.
 from __future__ import annotations
 
 import hashlib
-from hashlib import blake2b
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -130,15 +129,13 @@ class Folder:
         if times is None:
             times = [event.unix_ts for event in events]
         priced: list[Priced] = []
-        append, book, pricers = priced.append, self.prices, _PRICERS
+        append = priced.append
         for index, event in enumerate(events):
             try:
-                amount = pricers[type(event)](book, event)
+                amount = _PRICERS[type(event)](self.prices, event)
             except PricingError as exc:
                 raise PricingError(exc.code, f"event {index}: {exc.reason}") from exc
-            # event_digest, inlined: this runs once per event.
-            digest = blake2b(event.event_id.encode(), digest_size=12).digest()
-            append(Priced(event, amount, times[index], digest))
+            append(Priced(event, amount, times[index], event_digest(event.event_id)))
         return priced
 
     def fold(self, tally: Tally, events: Iterable[AnyEvent | Priced],

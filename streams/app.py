@@ -246,7 +246,7 @@ class Wiring:
         self.every(2.0, "redis_probe", redis_answers)
         self.every(5.0, "kafka_probe", kafka_answers)
 
-    def collector(self) -> None:
+    def garbage_collection(self) -> None:
         @self.app.task
         async def settle_collector() -> None:
             """Once the worker has started (streams.collector)."""
@@ -292,7 +292,7 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
     wiring.slack(evaluator, reclaimer)
     wiring.probes()
     wiring.pages()
-    wiring.collector()
+    wiring.garbage_collection()
     _describe(wiring.metrics)
     return wiring.app, aggregator
 

@@ -4,9 +4,11 @@ The aggregation makes a few GC-tracked objects per event (the event, its tags, i
 form) and keeps a window of them alive until Redis has it; an evaluation builds as many
 answers. With the default thresholds (a young collection every 700 net allocations, a full
 one every 100 young ones) the collector walks those windows again and again, and every full
-collection walks everything the process imported too: in a profile of the aggregation that was
-a third of its CPU per event. Nothing on these paths makes reference cycles (reference
-counting frees them), so collecting far less often loses no memory that matters.
+collection walks everything the process imported too. Timed on the aggregation alone (an
+in-memory writer, 300,000 events in 100-event messages): 36 µs per event with the defaults,
+24 with ``gc.freeze()`` and (50,000, 10, 10), 22 with (50,000, 100, 100), 18 with no
+collector at all. Reference counting frees these objects; the default collector found about a
+hundred cyclic ones in those 300,000 events, so collecting far less often costs little memory.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import gc
 
 # A young collection per 50,000 net allocations (a window's worth of events, not a handful),
-# the older generations every 20 and 100 of those.
+# the older generations every 20 and 100 of those: between the two settings timed above.
 THRESHOLDS = (50_000, 20, 100)
 
 
