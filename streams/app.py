@@ -134,7 +134,9 @@ class Wiring:
         sources = {settings.topic(name): short for name, short in SOURCES.items()}
 
         async def seek(topic: str, partition: int, offset: int) -> None:
-            await app.consumer.seek(TP(topic, partition), offset)
+            # seek_wait runs in the consumer's own thread: a seek from this one races the
+            # fetcher resetting the same partition, and can kill aiokafka's fetch routine.
+            await app.consumer.seek_wait({TP(topic, partition): offset})
 
         aggregator = Aggregator(
             namespace=settings.namespace, sources=sources,
@@ -160,10 +162,11 @@ class Wiring:
             resume = await aggregator.on_assigned(assigned)
             if resume:
                 # Faust seeks to the committed offsets right after this signal; aiokafka skips
-                # a committed offset of 0, so seek here as well to cover a fresh watermark.
-                await app.consumer._commit({TP(t, p): o for (t, p), o in resume.items()})
-                for (topic, partition), offset in resume.items():
-                    await app.consumer.seek(TP(topic, partition), offset)
+                # a committed offset of 0, so seek here as well to cover a fresh watermark
+                # (in the consumer's thread, as above).
+                offsets = {TP(t, p): o for (t, p), o in resume.items()}
+                await app.consumer._commit(offsets)
+                await app.consumer.seek_wait(offsets)
                 log.info("resuming %d partitions from Redis watermarks", len(resume))
 
         self.metrics.gauge("consumer_lag", lambda: self._lag(aggregator))
