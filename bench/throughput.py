@@ -929,22 +929,25 @@ class Bench:
             log(f"[batched, no rules] {var['events_per_s']:,.0f} ev/s, total "
                 f"{'OK' if var['total']['ok'] else 'MISMATCH'}")
         if a.profile:
-            ns, topic, ends = topics["batched"]
-            log(f"profiling the batched worker with {a.profile} (fresh Redis state and "
+            case = a.profile_case
+            ns, topic, ends = topics[case]
+            log(f"profiling the {case} worker with {a.profile} (fresh Redis state and "
                 "consumer group, same topic)")
             self.fresh_worker_state(ns)
-            prof = self.run_worker(ns, topic, ends, "batched-profiled", a.profile)
-            prof["events_per_s"] = a.events / prof["elapsed_s"]
+            prof = self.run_worker(ns, topic, ends, f"{case}-profiled", a.profile)
+            events, expected = ((a.events, data.expected_cost_micro) if case == "batched"
+                                else (data.single_events, data.expected_single_micro))
+            prof["case"] = case
+            prof["events_per_s"] = events / prof["elapsed_s"]
             total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
-            prof["total_ok"] = total == data.expected_cost_micro
-            prof["total"] = {"redis": total, "expected": data.expected_cost_micro}
+            prof["total_ok"] = total == expected
+            prof["total"] = {"redis": total, "expected": expected}
             if not prof["total_ok"]:
-                log(f"profiled pass: Redis total {total:,} != expected "
-                    f"{data.expected_cost_micro:,}")
+                log(f"profiled pass: Redis total {total:,} != expected {expected:,}")
             if a.profile == "py-spy" and prof.get("pyspy"):
                 prof["hotspots"] = summarize_collapsed(Path(prof["pyspy"]))
             else:
-                prof["text"] = str(self.dir / "worker-batched-profiled.txt")
+                prof["text"] = str(self.dir / f"worker-{case}-profiled.txt")
             report["profile"] = prof
         report["files"] = str(self.dir)
         return report
@@ -1419,7 +1422,7 @@ def print_table(rep: dict[str, Any]) -> None:
     prof = rep.get("profile")
     if prof:
         print()
-        print(f"profile of the batched worker ({rep['profile_tool']}, separate pass): "
+        print(f"profile of the {prof['case']} worker ({rep['profile_tool']}, separate pass): "
               f"{prof['events_per_s']:,.0f} ev/s under the profiler, total "
               f"{'OK' if prof['total_ok'] else 'MISMATCH'}")
         spots = prof.get("hotspots")
@@ -1532,7 +1535,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--save", metavar="PATH", help="also write the JSON figures to PATH")
     p.add_argument("--profile", choices=("py-spy", "pyinstrument"),
-                   help="add a profiled pass of the batched worker (not in the table)")
+                   help="add a profiled pass of the worker (not in the table)")
+    p.add_argument("--profile-case", choices=("batched", "single"), default="batched",
+                   help="which copy of the data the profiled pass reads (default batched)")
     p.add_argument("--without-rules", action="store_true",
                    help="also run the batched worker with no rule files (how much of (c) the "
                         "leader's rule evaluation costs); adds about 2 minutes")

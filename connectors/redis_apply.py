@@ -66,6 +66,34 @@ local function chunked(cmd, key, list, from, to)
   end
   return out
 end
+-- Adds deltas to a hash's integer fields: one HMGET and one HSET per 1,000 fields instead of
+-- a HINCRBY each (a call from Lua costs more than the addition). Lua's doubles add integers
+-- exactly below 2^53; a value that is or would become 10^15 or more goes through HINCRBY.
+local function add_all(key, fields)
+  local names, deltas = {}, {}
+  for field, delta in pairs(fields) do
+    names[#names + 1] = field
+    deltas[#deltas + 1] = delta
+  end
+  local first = 1
+  while first <= #names do
+    local last = math.min(first + 999, #names)
+    local old = redis.call('HMGET', key, unpack(names, first, last))
+    local out = {}
+    for j = first, last do
+      local was, delta = old[j - first + 1], deltas[j]
+      local sum = delta + (was and tonumber(was) or 0)
+      if (not was or #was < 16) and sum > -1e15 and sum < 1e15 then
+        out[#out + 1] = names[j]
+        out[#out + 1] = string.format('%.0f', sum)
+      else
+        redis.call('HINCRBY', key, names[j], string.format('%.0f', delta))
+      end
+    end
+    if #out > 0 then redis.call('HSET', key, unpack(out)) end
+    first = last + 1
+  end
+end
 local seen = a[8]
 local dups = {}
 local pos = 0
@@ -84,13 +112,25 @@ for i = 1, #seen, 2 do
   redis.call('EXPIRE', key, a[4])
 end
 local tagsets = a[9]
-local firsts = S .. ':first'
-for i = 1, #tagsets, 3 do
-  redis.call('HSETNX', S .. ':tagsets', tagsets[i], tagsets[i + 1])
-  local first = redis.call('HGET', firsts, tagsets[i])
-  if (not first) or tonumber(first) > tagsets[i + 2] then
-    redis.call('HSET', firsts, tagsets[i], string.format('%.0f', tagsets[i + 2]))
+if #tagsets > 0 then
+  -- a tag set's id is the digest of its JSON, so setting it again writes the same value
+  local ids, pairs_, lowered = {}, {}, {}
+  for i = 1, #tagsets, 3 do
+    ids[#ids + 1] = tagsets[i]
+    pairs_[#pairs_ + 1] = tagsets[i]
+    pairs_[#pairs_ + 1] = tagsets[i + 1]
   end
+  chunked('HSET', S .. ':tagsets', pairs_, 1, #pairs_)
+  local firsts = S .. ':first'
+  local known = chunked('HMGET', firsts, ids, 1, #ids)
+  for j = 1, #ids do
+    local slot = tagsets[3 * j]
+    if (not known[j]) or tonumber(known[j]) > slot then
+      lowered[#lowered + 1] = ids[j]
+      lowered[#lowered + 1] = string.format('%.0f', slot)
+    end
+  end
+  chunked('HSET', firsts, lowered, 1, #lowered)
 end
 -- buckets: for each 5-minute slot in the batch, the sums of its three buckets
 local sums = {}
@@ -130,16 +170,8 @@ else
       fields[field] = (fields[field] or 0) + delta
     end
   end
-  for key, fields in pairs(sums) do
-    for field, delta in pairs(fields) do
-      if delta > -1e14 and delta < 1e14 then
-        redis.call('HINCRBY', key, field, delta)
-      else
-        redis.call('HINCRBY', key, field, string.format('%.0f', delta))
-      end
-    end
-    redis.call('EXPIRE', key, ttls[key])
-  end
+  for key, fields in pairs(sums) do add_all(key, fields) end
+  for key, _ in pairs(sums) do redis.call('EXPIRE', key, ttls[key]) end
 end
 local latest = a[12]
 local util = S .. ':util'
