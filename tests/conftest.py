@@ -100,6 +100,22 @@ def kafka_namespace(kafka_bootstrap: str, namespace: str) -> Iterator[str]:
         pass
     finally:
         client.close()
+    _forget_redis_keys(namespace)
+
+
+def _forget_redis_keys(namespace: str) -> None:
+    """Delete what a worker of this namespace left in Redis, so a shared Redis (a developer's
+    stack, where the benchmarks also run) does not keep growing. Best effort, like above."""
+    url = os.environ.get("COSTLINE_REDIS_URL", DEFAULT_REDIS_URL)
+    client = redis.Redis.from_url(url, socket_timeout=3.0, socket_connect_timeout=3.0)
+    try:
+        keys = list(client.scan_iter(match=f"*{namespace}*", count=1000))
+        for first in range(0, len(keys), 1000):
+            client.delete(*keys[first:first + 1000])
+    except (redis.RedisError, OSError):
+        pass
+    finally:
+        client.close()
 
 
 @pytest.fixture
