@@ -137,12 +137,13 @@ class Evaluator:
         self.last_evaluation: Evaluation | None = None
 
     def _data_generation(self) -> int:
-        """Sum of all watermarks: it moves whenever any partition applied a batch."""
+        """Sum of all watermarks: it moves whenever any partition applied a batch. A partition
+        with none yet counts as -1, so its first message (offset 0) moves the sum too."""
         slots = self.state.slots()
         if not slots:
             return -1
         values = self.state.redis.mget([wm_key(slot) for slot in slots])
-        return sum(int(v) for v in values if v is not None)  # type: ignore[union-attr]
+        return sum(-1 if v is None else int(v) for v in values)  # type: ignore[arg-type]
 
     async def step(self, now: float | None = None) -> Evaluation | None:
         """Evaluate if data moved or the tick is due; publish the changes."""

@@ -21,11 +21,13 @@ RULES = RuleSet((
 
 
 class Watermarks:
-    def __init__(self) -> None:
-        self.applied = 0
+    """Every partition's watermark is ``applied``; ``None``: no message applied yet."""
 
-    def mget(self, keys: list[str]) -> list[bytes]:
-        return [str(self.applied).encode() for _ in keys]
+    def __init__(self) -> None:
+        self.applied: int | None = 0
+
+    def mget(self, keys: list[str]) -> list[bytes | None]:
+        return [None if self.applied is None else str(self.applied).encode() for _ in keys]
 
 
 class State(InMemoryState):
@@ -73,6 +75,9 @@ def evaluator(state: State) -> Evaluator:
 
 
 def step(found: Evaluator, now: float) -> Evaluation | None:
+    # After an evaluation, data may trigger the next one only after a rest as long as it took,
+    # in wall-clock time; these tests step their own clock, so the rest is over at once.
+    found._ready_at = 0.0
     return asyncio.run(found.step(now))
 
 
@@ -101,3 +106,15 @@ def test_data_triggers_the_rules_it_moves_and_the_tick_every_rule() -> None:
     state.redis.applied += 1
     fired = step(worker, T0 + 32)
     assert fired is not None and [c["group"] for c in fired.changes] == [{"team": "a"}]
+
+
+def test_the_first_message_of_a_partition_triggers_an_evaluation() -> None:
+    state = State()
+    state.redis.applied = None  # the partition exists, nothing applied yet
+    worker = evaluator(state)
+    assert step(worker, T0) is not None  # the first evaluation: every rule
+
+    state.add(usage(T0, 5, team="a"))  # 12.50 of 10, at offset 0
+    state.redis.applied = 0
+    moved = step(worker, T0 + 1)  # well before the tick
+    assert moved is not None and [c["group"] for c in moved.changes] == [{"team": "a"}]
