@@ -53,6 +53,7 @@ local S = a[3]
 local cur = redis.call('GET', KEYS[1])
 if not cur then cur = '-1' end
 if cur ~= tostring(a[1]) then return {0, cur} end
+-- 2,000 arguments a call: an even number, so field-value pairs are never split.
 local function chunked(cmd, key, list, from, to)
   local out = {}
   local first = from
@@ -159,7 +160,6 @@ if a[15] == 1 then
       redis.call('HINCRBY', b_keys[cells[i + 1]][t], cells[i], cells[i + 2])
     end
   end
-  for key, _ in pairs(sums) do redis.call('EXPIRE', key, ttls[key]) end
 else
   for i = 1, #cells, 3 do
     local keys = tiers[cells[i + 1]]
@@ -171,8 +171,8 @@ else
     end
   end
   for key, fields in pairs(sums) do add_all(key, fields) end
-  for key, _ in pairs(sums) do redis.call('EXPIRE', key, ttls[key]) end
 end
+for key, _ in pairs(sums) do redis.call('EXPIRE', key, ttls[key]) end
 local latest = a[12]
 local util = S .. ':util'
 for i = 1, #latest, 3 do

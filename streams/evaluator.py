@@ -143,7 +143,7 @@ class Evaluator:
         if not slots:
             return -1
         values = self.state.redis.mget([wm_key(slot) for slot in slots])
-        return sum(-1 if v is None else int(v) for v in values)  # type: ignore[arg-type]
+        return sum(-1 if v is None else int(v) for v in values)
 
     async def step(self, now: float | None = None) -> Evaluation | None:
         """Evaluate if data moved or the tick is due; publish the changes."""

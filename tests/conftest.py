@@ -100,13 +100,12 @@ def kafka_namespace(kafka_bootstrap: str, namespace: str) -> Iterator[str]:
         pass
     finally:
         client.close()
-    _forget_redis_keys(namespace)
+    forget_redis_keys(os.environ.get("COSTLINE_REDIS_URL", DEFAULT_REDIS_URL), namespace)
 
 
-def _forget_redis_keys(namespace: str) -> None:
-    """Delete what a worker of this namespace left in Redis, so a shared Redis (a developer's
-    stack, where the benchmarks also run) does not keep growing. Best effort, like above."""
-    url = os.environ.get("COSTLINE_REDIS_URL", DEFAULT_REDIS_URL)
+def forget_redis_keys(url: str, namespace: str) -> None:
+    """Delete what a test of this namespace left in Redis, so a shared Redis (a developer's
+    stack, where the benchmarks also run) does not keep growing. Best effort."""
     client = redis.Redis.from_url(url, socket_timeout=3.0, socket_connect_timeout=3.0)
     try:
         keys = list(client.scan_iter(match=f"*{namespace}*", count=1000))

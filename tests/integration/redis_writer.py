@@ -14,6 +14,7 @@ from rules.events import AnyEvent
 from rules.prices import PriceBook
 from rules.tally import Folder, Tally
 from streams.settings import DEFAULT_PRICES
+from tests.conftest import forget_redis_keys
 
 
 class Writer:
@@ -40,7 +41,5 @@ async def redis_writer(redis_url: str, namespace: str) -> AsyncIterator[Writer]:
     client = AsyncRedis.from_url(redis_url)
     yield Writer(BatchWriter(client, namespace, Calendar("UTC"), dedup_ttl=30 * 86400),
                  namespace)
-    keys = [key async for key in client.scan_iter(match=f"*{namespace}*", count=1000)]
-    if keys:
-        await client.delete(*keys)
     await client.aclose()
+    forget_redis_keys(redis_url, namespace)

@@ -4,14 +4,13 @@ what Lua's doubles hold exactly; tag sets and their oldest slot; the dedup memor
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
 
 from connectors.redis_apply import Applied, BatchWriter, Duplicates
 from connectors.redis_keys import Calendar, bucket_key, first_seen_key, slot_tag, tagsets_key
 from rules.tally import Tally, event_digest, tagset_id, tagset_json
+from tests.integration.redis_writer import Writer
 
 pytestmark = pytest.mark.integration
 
@@ -20,13 +19,8 @@ T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
 
 
 @pytest.fixture
-async def writer(redis_url: str, namespace: str) -> AsyncIterator[BatchWriter]:
-    client = Redis.from_url(redis_url)
-    yield BatchWriter(client, namespace, Calendar("UTC"), dedup_ttl=DAY)
-    keys = [key async for key in client.scan_iter(match=f"*{namespace}*", count=1000)]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+def writer(redis_writer: Writer) -> BatchWriter:
+    return redis_writer.writer
 
 
 def _tagset(team: str) -> tuple[str, str]:
