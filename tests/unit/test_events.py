@@ -184,6 +184,14 @@ def test_batches_of_one_to_ten_thousand_events_are_accepted_in_order(size):
     assert [e.event_id for e in parsed.events] == [f"u-{i}" for i in range(size)]
 
 
+@pytest.mark.parametrize("padding", [b" ", b"\n", b"\r\n\t "])
+def test_whitespace_before_a_message_does_not_change_what_it_is(padding):
+    single = accepted(padding + encode(usage()))
+    batch = accepted(padding + encode([usage(), usage(event_id="u-2")]))
+    assert (single.batch, len(single.events)) == (False, 1)
+    assert (batch.batch, len(batch.events)) == (True, 2)
+
+
 def test_a_batch_may_mix_the_three_kinds():
     parsed = accepted([usage(), utilization(), fault()])
     assert [type(e) for e in parsed.events] == [UsageEvent, UtilizationEvent, FaultEvent]
