@@ -88,3 +88,20 @@ async def test_shared_reads_on_redis_find_what_single_questions_find(
         fired |= {name for name, found in expected.items() if found}
     assert len(kept) > 0
     assert fired == {keys["name"] for keys in RULES}
+
+
+async def test_tag_sets_share_the_keys_values_and_pairs_they_repeat(
+        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    # Memory per tag set is what a worker's evaluation process holds for every tag set: the
+    # strings and pairs many tag sets repeat must be one object each, whichever tag set and
+    # slot they were read from.
+    await redis_writer.write([usage(T0 - HOUR + i * MIN, 1.0, team="pretrain", env="prod",
+                                    job=f"run-{i}") for i in range(40)])
+    state = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+    cells = state.cells("cost", T0 - DAY, T0)
+    assert len(cells) == 40
+    env_pairs = {id(pair) for dims in cells for pair in dims if pair[0] == "env"}
+    team_values = {id(value) for dims in cells for key, value in dims if key == "team"}
+    job_pairs = {pair for dims in cells for pair in dims if pair[0] == "job"}
+    assert len(env_pairs) == 1 and len(team_values) == 1
+    assert len(job_pairs) == 40  # what differs stays apart
