@@ -1,0 +1,180 @@
+"""Where the aggregation's time goes, stage by stage, without Kafka or Faust in the way.
+
+    .venv/bin/python bench/stages.py [--events N] [--tagsets N] [--partitions N]
+        [--window N] [--batch-size N] [--redis-url URL] [--json]
+
+The data set of ``bench/throughput.py`` (same generator, same seed), in 100-event batch
+messages, goes through the worker's hot path in this one process, partition by partition and
+window by window as the worker folds it: ``parse_message``, ``Folder.price``, ``Folder.fold``,
+then ``BatchWriter.apply`` (building the script's argument, the round trip and the script
+itself) against a real Redis. It prints CPU-µs per event of each stage, the Redis server's CPU
+per event (``INFO cpu``), cells per window, and checks that Redis's total equals the
+generator's.
+
+Baselines, measured in the same run on the same messages: ``json.loads`` and pydantic's
+compiled validator alone (what parsing cannot go below). Uses the namespace ``stages<hex>``
+and deletes its keys at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.common import vm_status  # noqa: E402 - needs REPO on the path
+from bench.throughput import (  # noqa: E402
+    DEFAULT_REDIS,
+    generate,
+    log,
+    redis_keys,
+    redis_total,
+)
+
+STAGES = ("parse", "price", "fold", "write")
+
+
+def redis_cpu(redis: Any) -> float:
+    info = redis.info("cpu")
+    return float(info["used_cpu_user"] + info["used_cpu_sys"])
+
+
+def floor_baselines(messages: list[bytes], events: int) -> dict[str, float]:
+    """µs per event of the two parsers a message goes through at the least."""
+    from rules.events import _BATCH
+
+    out = {}
+    for name, parse in (("json.loads", json.loads),
+                        ("pydantic core validate_json", _BATCH.validator.validate_json)):
+        started = time.process_time()
+        for message in messages:
+            parse(message)
+        out[name] = (time.process_time() - started) / events * 1e6
+    return out
+
+
+async def run_stages(parts: list[list[bytes]], ns: str, redis_url: str, window: int
+                     ) -> dict[str, Any]:
+    from redis import Redis as SyncRedis
+    from redis.asyncio import Redis
+
+    from connectors.redis_apply import Applied, BatchWriter
+    from connectors.redis_keys import Calendar, slot_tag
+    from rules.events import Parsed, parse_message
+    from rules.prices import PriceBook
+    from rules.tally import Folder, Tally
+    from streams.collector import settle
+    from streams.settings import DEFAULT_PRICES
+
+    folder = Folder(PriceBook.load(DEFAULT_PRICES))
+    redis, sync = Redis.from_url(redis_url), SyncRedis.from_url(redis_url)
+    writer = BatchWriter(redis, ns, Calendar("UTC"), 7 * 86400)
+    spent = dict.fromkeys(STAGES, 0.0)
+    clock = time.process_time
+    events = cells = windows = 0
+    settle()  # as the worker does once started
+    cpu0 = redis_cpu(sync)
+    for partition, messages in enumerate(parts):
+        slot = slot_tag(ns, "usage", partition)
+        await writer.register_slots([slot])
+        applied, tally = -1, Tally()
+        for offset, message in enumerate(messages):
+            t0 = clock()
+            parsed = parse_message(message)
+            t1 = clock()
+            assert isinstance(parsed, Parsed), parsed
+            priced = folder.price(parsed.events, parsed.times)
+            t2 = clock()
+            folder.fold(tally, priced)
+            spent["parse"] += t1 - t0
+            spent["price"] += t2 - t1
+            spent["fold"] += clock() - t2
+            if tally.events >= window or offset == len(messages) - 1:
+                t3 = clock()
+                outcome = await writer.apply(slot, applied, offset, tally)
+                spent["write"] += clock() - t3
+                assert isinstance(outcome, Applied), outcome
+                events, cells, windows = events + tally.events, cells + len(tally.sums), windows + 1
+                applied, tally = offset, Tally()
+        log(f"partition {partition}: {len(messages):,} messages applied")
+    redis_s = redis_cpu(sync) - cpu0
+    await redis.aclose()
+    sync.close()
+    return {"events": events, "windows": windows, "cells_per_window": cells / windows,
+            "us_per_event": {k: v / events * 1e6 for k, v in spent.items()},
+            "redis_server_us_per_event": redis_s / events * 1e6}
+
+
+def report(figures: dict[str, Any]) -> str:
+    stages = figures["us_per_event"]
+    worker = sum(stages.values())
+    lines = [
+        f"costline aggregation stages: {figures['events']:,} events, "
+        f"{figures['tagsets']:,} tag sets, {figures['partitions']} partitions, "
+        f"windows of {figures['window']:,} events ({figures['windows']} written, "
+        f"{figures['cells_per_window']:,.0f} cells each)",
+        "",
+        f"{'CPU-µs per event':40s}{'':>10s}",
+    ]
+    for name, value in figures["baselines"].items():
+        lines.append(f"  baseline: {name:30s}{value:10.2f}")
+    for name in STAGES:
+        lines.append(f"  {name:40s}{stages[name]:10.2f}")
+    lines += [
+        f"  {'worker, all stages':40s}{worker:10.2f}",
+        f"  {'Redis server (INFO cpu)':40s}{figures['redis_server_us_per_event']:10.2f}",
+        "",
+        f"this process's peak RSS: {figures['peak_rss_mib']:.0f} MiB",
+        f"total check (Redis == generator): {'OK' if figures['total_ok'] else 'MISMATCH'}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--tagsets", type=int, default=100_000)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--window", type=int, default=10_000,
+                   help="events folded per Redis write (the worker's COSTLINE_WINDOW_EVENTS)")
+    p.add_argument("--batch-size", type=int, default=100, help="events per message")
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--seed", type=int, default=20261130)
+    p.add_argument("--redis-url", default=DEFAULT_REDIS)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    a = p.parse_args(argv)
+
+    ns = "stages" + secrets.token_hex(3)
+    data = generate(a.events, a.tagsets, a.partitions, a.zipf, a.seed, ns)
+    parts = data.batches(a.batch_size)
+    flat = [m for part in parts for m in part]
+    try:
+        figures = asyncio.run(run_stages(parts, ns, a.redis_url, a.window))
+        figures["baselines"] = floor_baselines(flat, figures["events"])
+        total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
+    finally:
+        from redis import Redis
+
+        r = Redis.from_url(a.redis_url)
+        keys = redis_keys(r, ns)
+        for i in range(0, len(keys), 1000):
+            r.unlink(*keys[i:i + 1000])
+        r.close()
+    figures.update(namespace=ns, tagsets=a.tagsets, partitions=a.partitions, window=a.window,
+                   total_ok=total == data.expected_cost_micro,
+                   peak_rss_mib=vm_status().get("VmHWM", 0) / 1024)
+    print(json.dumps(figures, indent=2) if a.json else report(figures))
+    return 0 if figures["total_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""The stage bench (``bench/stages.py``) on a small data set: it folds and writes every event,
+Redis ends up with the generator's total, and it leaves no keys behind. Its timings are
+printed, not asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from bench import stages
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_stage_runs_and_redis_holds_the_generators_total(
+        redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = stages.main(["--events", "20000", "--tagsets", "2000", "--partitions", "2",
+                        "--window", "3000", "--redis-url", redis_url, "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    assert code == 0 and figures["total_ok"] is True
+    assert figures["events"] == 20_000
+    assert figures["windows"] >= 20_000 // 3_000
+    assert set(figures["us_per_event"]) == set(stages.STAGES)
+    assert all(value > 0 for value in figures["us_per_event"].values())
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert stages.redis_keys(client, figures["namespace"]) == []
+    finally:
+        client.close()
