@@ -36,25 +36,21 @@ from bench.throughput import (  # noqa: E402
     DEFAULT_REDIS,
     generate,
     log,
-    redis_keys,
+    redis_info,
     redis_total,
+    unlink_namespaces,
 )
 
 STAGES = ("parse", "price", "fold", "write")
 
 
-def redis_cpu(redis: Any) -> float:
-    info = redis.info("cpu")
-    return float(info["used_cpu_user"] + info["used_cpu_sys"])
-
-
 def floor_baselines(messages: list[bytes], events: int) -> dict[str, float]:
     """µs per event of the two parsers a message goes through at the least."""
-    from rules.events import _BATCH
+    from rules.events import _validate_batch
 
     out = {}
     for name, parse in (("json.loads", json.loads),
-                        ("pydantic core validate_json", _BATCH.validator.validate_json)):
+                        ("pydantic core validate_json", _validate_batch)):
         started = time.process_time()
         for message in messages:
             parse(message)
@@ -64,7 +60,6 @@ def floor_baselines(messages: list[bytes], events: int) -> dict[str, float]:
 
 async def run_stages(parts: list[list[bytes]], ns: str, redis_url: str, window: int
                      ) -> dict[str, Any]:
-    from redis import Redis as SyncRedis
     from redis.asyncio import Redis
 
     from connectors.redis_apply import Applied, BatchWriter
@@ -76,13 +71,13 @@ async def run_stages(parts: list[list[bytes]], ns: str, redis_url: str, window: 
     from streams.settings import DEFAULT_PRICES
 
     folder = Folder(PriceBook.load(DEFAULT_PRICES))
-    redis, sync = Redis.from_url(redis_url), SyncRedis.from_url(redis_url)
+    redis = Redis.from_url(redis_url)
     writer = BatchWriter(redis, ns, Calendar("UTC"), 7 * 86400)
     spent = dict.fromkeys(STAGES, 0.0)
     clock = time.process_time
     events = cells = windows = 0
     settle()  # as the worker does once started
-    cpu0 = redis_cpu(sync)
+    cpu0 = redis_info(redis_url)["cpu_s"]
     for partition, messages in enumerate(parts):
         slot = slot_tag(ns, "usage", partition)
         await writer.register_slots([slot])
@@ -106,9 +101,8 @@ async def run_stages(parts: list[list[bytes]], ns: str, redis_url: str, window: 
                 events, cells, windows = events + tally.events, cells + len(tally.sums), windows + 1
                 applied, tally = offset, Tally()
         log(f"partition {partition}: {len(messages):,} messages applied")
-    redis_s = redis_cpu(sync) - cpu0
+    redis_s = redis_info(redis_url)["cpu_s"] - cpu0
     await redis.aclose()
-    sync.close()
     return {"events": events, "windows": windows, "cells_per_window": cells / windows,
             "us_per_event": {k: v / events * 1e6 for k, v in spent.items()},
             "redis_server_us_per_event": redis_s / events * 1e6}
@@ -162,13 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["baselines"] = floor_baselines(flat, figures["events"])
         total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
     finally:
-        from redis import Redis
-
-        r = Redis.from_url(a.redis_url)
-        keys = redis_keys(r, ns)
-        for i in range(0, len(keys), 1000):
-            r.unlink(*keys[i:i + 1000])
-        r.close()
+        unlink_namespaces(a.redis_url, [ns])
     figures.update(namespace=ns, tagsets=a.tagsets, partitions=a.partitions, window=a.window,
                    total_ok=total == data.expected_cost_micro,
                    peak_rss_mib=vm_status().get("VmHWM", 0) / 1024)

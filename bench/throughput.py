@@ -355,16 +355,24 @@ def redis_keys(r: Any, ns: str) -> list[bytes]:
     return keys
 
 
-def delete_namespace(bootstrap: str, redis_url: str, namespaces: list[str]) -> None:
+def unlink_namespaces(redis_url: str, namespaces: list[str]) -> int:
+    """Delete every Redis key of these namespaces; returns how many there were."""
     from redis import Redis
 
     r = Redis.from_url(redis_url)
     deleted = 0
-    for ns in namespaces:
-        keys = redis_keys(r, ns)
-        for i in range(0, len(keys), 1000):
-            deleted += r.unlink(*keys[i:i + 1000])
-    r.close()
+    try:
+        for ns in namespaces:
+            keys = redis_keys(r, ns)
+            for i in range(0, len(keys), 1000):
+                deleted += r.unlink(*keys[i:i + 1000])
+    finally:
+        r.close()
+    return deleted
+
+
+def delete_namespace(bootstrap: str, redis_url: str, namespaces: list[str]) -> None:
+    deleted = unlink_namespaces(redis_url, namespaces)
     try:
         from connectors.kafka import admin
 

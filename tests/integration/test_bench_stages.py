@@ -9,7 +9,7 @@ import json
 import pytest
 import redis
 
-from bench import stages
+from bench import stages, throughput
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +26,6 @@ def test_every_stage_runs_and_redis_holds_the_generators_total(
     assert all(value > 0 for value in figures["us_per_event"].values())
     client = redis.Redis.from_url(redis_url)
     try:
-        assert stages.redis_keys(client, figures["namespace"]) == []
+        assert throughput.redis_keys(client, figures["namespace"]) == []
     finally:
         client.close()
