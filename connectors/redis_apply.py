@@ -28,6 +28,9 @@ from connectors.redis_keys import (
 from rules.tally import Tally
 
 HISTORY_S = 86400
+# The most a bucket field may hold, in micro-units (Redis integers stop at 2^63 - 1; the script
+# compares in doubles, so it keeps some room for their rounding).
+SUM_LIMIT = 9_200_000_000_000_000_000
 # Tag sets known to be in Redis, per partition slot (~150 bytes each; cleared when full).
 KNOWN_TAGSETS_MAX = 50_000
 FAULTS_KEPT_S = 7 * 86400
@@ -45,6 +48,9 @@ FAULTS_KEPT_S = 7 * 86400
 #  14 faults:  trim below, {score, member, ...}   (or empty)
 #  15 exact:   1 when the batch's amounts add up past 2^53: the script then leaves every
 #              addition to Redis's integers instead of summing in Lua's doubles
+#  16 limit:   the most a bucket field may hold (``SUM_LIMIT``)
+# Replies: {2} applied; {0, stored watermark}; {1, positions of counted digests};
+# {3, "<bucket key> <field>" of each sum the batch would take past the limit}.
 # Keys are built here from the slot tag: they all share it, so they live in the slot of
 # KEYS[1] on a Redis Cluster.
 _SCRIPT = """
@@ -67,10 +73,14 @@ local function chunked(cmd, key, list, from, to)
   end
   return out
 end
--- Adds deltas to a hash's integer fields: one HMGET and one HSET per 1,000 fields instead of
--- a HINCRBY each (a call from Lua costs more than the addition). Lua's doubles add integers
--- exactly below 2^53; a value that is or would become 10^15 or more goes through HINCRBY.
-local function add_all(key, fields)
+-- The new value of each bucket field, worked out before anything is written: a script that
+-- fails halfway keeps what it wrote (Redis has no rollback), so a sum that would pass what
+-- Redis's 64-bit integers hold refuses the batch here, whole. One HMGET per 1,000 fields. Lua's
+-- doubles add integers exactly below 2^53: a value that is or would become 10^15 or more is
+-- left to HINCRBY (``big``), and only compared with the limit here, with room for the
+-- doubles' rounding.
+local LIMIT = tonumber(a[16])
+local function plan(key, fields, out, big, over)
   local names, deltas = {}, {}
   for field, delta in pairs(fields) do
     names[#names + 1] = field
@@ -80,18 +90,18 @@ local function add_all(key, fields)
   while first <= #names do
     local last = math.min(first + 999, #names)
     local old = redis.call('HMGET', key, unpack(names, first, last))
-    local out = {}
     for j = first, last do
       local was, delta = old[j - first + 1], deltas[j]
       local sum = delta + (was and tonumber(was) or 0)
-      if (not was or #was < 16) and sum > -1e15 and sum < 1e15 then
+      if sum >= LIMIT or sum <= -LIMIT then
+        over[#over + 1] = key .. ' ' .. names[j]
+      elseif a[15] ~= 1 and (not was or #was < 16) and sum > -1e15 and sum < 1e15 then
         out[#out + 1] = names[j]
         out[#out + 1] = string.format('%.0f', sum)
       else
-        redis.call('HINCRBY', key, names[j], string.format('%.0f', delta))
+        big[#big + 1] = names[j]
       end
     end
-    if #out > 0 then redis.call('HSET', key, unpack(out)) end
     first = last + 1
   end
 end
@@ -107,6 +117,45 @@ for i = 1, #seen, 2 do
   pos = pos + #digests
 end
 if #dups > 0 then return {1, dups} end
+-- buckets: for each 5-minute slot in the batch, the sums of its three buckets (when the batch
+-- is flagged ``exact`` these doubles are only estimates, for the limit check)
+local sums = {}
+local ttls = {}
+local tiers = {}
+local b_keys = {}
+local b = a[10]
+for i = 1, #b, 4 do
+  local keys = {}
+  for t = 1, 3 do
+    local key = b[i + t]
+    if not sums[key] then
+      sums[key] = {}
+      ttls[key] = a[4 + t]
+    end
+    keys[t] = sums[key]
+  end
+  tiers[b[i]] = keys
+  b_keys[b[i]] = {b[i + 1], b[i + 2], b[i + 3]}
+end
+local cells = a[11]
+for i = 1, #cells, 3 do
+  local keys = tiers[cells[i + 1]]
+  local field = cells[i]
+  local delta = tonumber(cells[i + 2])
+  for t = 1, 3 do
+    local fields = keys[t]
+    fields[field] = (fields[field] or 0) + delta
+  end
+end
+local plans = {}
+local over = {}
+for key, fields in pairs(sums) do
+  local out, big = {}, {}
+  plan(key, fields, out, big, over)
+  plans[key] = {out, big}
+end
+if #over > 0 then return {3, over} end
+-- From here on every write succeeds: the batch is counted whole.
 for i = 1, #seen, 2 do
   local key = S .. ':seen:' .. seen[i]
   chunked('SADD', key, seen[i + 1], 1, #seen[i + 1])
@@ -133,26 +182,6 @@ if #tagsets > 0 then
   end
   chunked('HSET', firsts, lowered, 1, #lowered)
 end
--- buckets: for each 5-minute slot in the batch, the sums of its three buckets
-local sums = {}
-local ttls = {}
-local tiers = {}
-local b_keys = {}
-local b = a[10]
-for i = 1, #b, 4 do
-  local keys = {}
-  for t = 1, 3 do
-    local key = b[i + t]
-    if not sums[key] then
-      sums[key] = {}
-      ttls[key] = a[4 + t]
-    end
-    keys[t] = sums[key]
-  end
-  tiers[b[i]] = keys
-  b_keys[b[i]] = {b[i + 1], b[i + 2], b[i + 3]}
-end
-local cells = a[11]
 if a[15] == 1 then
   -- amounts too large to add exactly in Lua's doubles: let Redis add each one
   for i = 1, #cells, 3 do
@@ -161,16 +190,13 @@ if a[15] == 1 then
     end
   end
 else
-  for i = 1, #cells, 3 do
-    local keys = tiers[cells[i + 1]]
-    local field = cells[i]
-    local delta = tonumber(cells[i + 2])
-    for t = 1, 3 do
-      local fields = keys[t]
-      fields[field] = (fields[field] or 0) + delta
+  for key, fields in pairs(sums) do
+    local out, big = plans[key][1], plans[key][2]
+    chunked('HSET', key, out, 1, #out)
+    for j = 1, #big do
+      redis.call('HINCRBY', key, big[j], string.format('%.0f', fields[big[j]]))
     end
   end
-  for key, fields in pairs(sums) do add_all(key, fields) end
 end
 for key, _ in pairs(sums) do redis.call('EXPIRE', key, ttls[key]) end
 local latest = a[12]
@@ -218,7 +244,14 @@ class Duplicates:
     digests: frozenset[bytes]
 
 
-Outcome = Applied | Mismatch | Duplicates
+@dataclass(frozen=True)
+class Overflow:
+    """Nothing was written: these sums ("<bucket key> <field>") would pass ``SUM_LIMIT``."""
+
+    fields: frozenset[str]
+
+
+Outcome = Applied | Mismatch | Duplicates | Overflow
 
 
 class BatchWriter:
@@ -259,7 +292,18 @@ class BatchWriter:
         if code == 0:
             known.clear()  # Redis may have lost writes: assume it knows nothing
             return Mismatch(int(reply[1]))
+        if code == 3:
+            return Overflow(frozenset(_text(f) for f in reply[1]))
         return Duplicates(frozenset(order[int(p)] for p in reply[1]))
+
+    def overflowing(self, slot: str, tally: Tally, fields: frozenset[str]) -> list[str]:
+        """The sums among ``fields`` (as ``Overflow`` names them) that ``tally`` adds to."""
+        hit = []
+        for (tsid, five), measures in tally.sums.items():
+            keys = self._bucket_keys(slot, five)
+            for measure in measures:
+                hit += [name for key in keys if (name := f"{key} {tsid}:{measure}") in fields]
+        return hit
 
     def payload(self, slot: str, expected: int, new_wm: int, tally: Tally,
                 tagsets: list[tuple[str, str, int]]) -> tuple[bytes, list[bytes]]:
@@ -271,16 +315,24 @@ class BatchWriter:
             seen, [field for entry in tagsets for field in entry], self._buckets(slot, tally),
             _cells(tally),
             _latest(tally), _history(tally), _faults(tally), _needs_exact(tally),
+            str(SUM_LIMIT),
         ], use_bin_type=False)
         return packed, order
 
     def _buckets(self, tag: str, tally: Tally) -> list[Any]:
-        date_of = self.calendar.date_of
         out: list[Any] = []
         for slot in {slot for _, slot in tally.sums}:
-            out += [slot, bucket_key(tag, "5m", slot), bucket_key(tag, "1h", slot - slot % 3600),
-                    bucket_key(tag, "1d", date_of(slot))]
+            out += [slot, *self._bucket_keys(tag, slot)]
         return out
+
+    def _bucket_keys(self, tag: str, slot: int) -> tuple[str, str, str]:
+        """The 5-minute, hourly and daily buckets a 5-minute slot's sums are added to."""
+        return (bucket_key(tag, "5m", slot), bucket_key(tag, "1h", slot - slot % 3600),
+                bucket_key(tag, "1d", self.calendar.date_of(slot)))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _seen(tally: Tally) -> tuple[list[Any], list[bytes]]:

@@ -30,13 +30,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.exceptions import BusyLoadingError, ConnectionError, RedisError, TimeoutError
 
-from connectors.redis_apply import Applied, BatchWriter, Duplicates, Mismatch
+from connectors.redis_apply import SUM_LIMIT, Applied, BatchWriter, Duplicates, Mismatch, Overflow
 from connectors.redis_keys import slot_tag
 from rules.events import Rejection, parse_message
 from rules.prices import PricingError
-from rules.tally import Folder, Priced, Tally
+from rules.tally import COST, QUANTITY, WASTE_PREFIX, Folder, Priced, Tally
 from streams.dead_letters import dead_letter
 from streams.health import Health
 from streams.metrics import Metrics
@@ -45,6 +45,10 @@ log = logging.getLogger("costline.aggregator")
 
 T = TypeVar("T")
 REDIS_DOWN = (ConnectionError, TimeoutError, BusyLoadingError, OSError)
+# Any error from Redis, also one it answers with (READONLY on a replica after a failover,
+# OOM at maxmemory, MISCONF when it cannot persist): a write is retried until it succeeds,
+# never dropped, and the worker reports Redis failing meanwhile.
+REDIS_FAILING = (RedisError, OSError)
 
 
 class Message(Protocol):
@@ -240,6 +244,23 @@ class Aggregator:
                 await backoff.wait()
         self.metrics.inc("rejected_total", reason=code)
 
+    async def verify_watermarks(self) -> None:
+        """Seek back the idle partitions whose watermark Redis lost.
+
+        A Redis that restarted without its last writes is found by a partition's next write;
+        a partition that receives nothing more would keep its sums missing, so the worker
+        checks those now and then (one GET each)."""
+        for tp, state in list(self.partitions.items()):
+            if _busy(state):
+                continue  # its write finds out
+            applied = state.applied
+            stored = await self.writer.watermark(self.slot(tp))
+            if self.partitions.get(tp) is not state or _busy(state) or state.applied != applied:
+                continue  # it moved while Redis answered: a write finds out
+            if stored < applied:
+                self.metrics.inc("watermark_mismatch_total")
+                await self._seek_back(tp, state, stored)
+
     # -- writing windows ------------------------------------------------------------------
 
     async def _drain(self, tp: TP, state: PartitionState) -> None:
@@ -275,6 +296,9 @@ class Aggregator:
                 window.skip |= outcome.digests
                 window = await self._refold(state, window)
                 continue
+            if isinstance(outcome, Overflow):
+                window = await self._refuse_overflowing(tp, state, window, outcome.fields)
+                continue
             assert isinstance(outcome, Mismatch)
             self.metrics.inc("watermark_mismatch_total")
             if outcome.stored < state.applied:
@@ -295,6 +319,30 @@ class Aggregator:
         self.folder.fold(again.tally, events, again.skip)
         return again
 
+    async def _refuse_overflowing(self, tp: TP, state: PartitionState, window: Window,
+                                  fields: frozenset[str]) -> Window:
+        """Dead-letter the messages that add to a sum Redis cannot hold, then fold the rest
+        again. Every such sum has a message adding to it, so each round refuses at least one;
+        the same messages are refused again after a crash, as Redis still holds the sums."""
+        slot, kept, refused = self.slot(tp), [], 0
+        for message in window.messages:
+            if message.offset <= state.applied:
+                continue
+            events, accepted = await self._screen([message])
+            alone = Tally()
+            self.folder.fold(alone, events, window.skip)
+            hit = self.writer.overflowing(slot, alone, fields)
+            if hit:
+                refused += 1
+                await self._refuse(message, "out_of_range", _overflow_reason(hit, alone))
+            else:
+                kept += accepted
+        if not refused:
+            raise RuntimeError(f"no message of the window adds to the sums Redis refused: "
+                               f"{sorted(fields)[:3]}")
+        window.messages = kept
+        return await self._refold(state, window)
+
     async def _seek_back(self, tp: TP, state: PartitionState, stored: int) -> None:
         log.warning("%s[%d]: Redis watermark %d is behind %d (Redis lost writes); "
                     "re-reading from %d", tp[0], tp[1], stored, state.applied, stored + 1)
@@ -309,15 +357,45 @@ class Aggregator:
         while True:
             try:
                 result = await call()
-            except REDIS_DOWN as exc:
-                self.health.failing("redis", exc)
+            except REDIS_FAILING as exc:
+                # An unreachable Redis is "redis" (the probe's too); one that answers but
+                # refuses (READONLY, OOM, ...) is "redis_writes", which the probe's PING
+                # cannot see, so only a write that succeeds clears it.
+                self.health.failing("redis" if isinstance(exc, REDIS_DOWN) else "redis_writes",
+                                    exc)
                 self.metrics.inc("redis_errors_total")
-                log.warning("Redis unavailable, retrying: %s", exc)
+                log.warning("Redis failed, retrying: %s: %s", type(exc).__name__, exc)
                 await backoff.wait()
                 continue
             self.health.recovered("redis")
+            self.health.recovered("redis_writes")
             return result
+
+
+def _overflow_reason(hit: list[str], alone: Tally) -> str:
+    """Which sums a message would take past the limit: bucket, tag set and measure."""
+    shown = []
+    for name in hit[:2]:
+        key, field = name.split(" ", 1)
+        tsid, measure = field.split(":", 1)
+        bucket = key.rsplit(":b:", 1)[-1]
+        shown.append(f"{_measure_name(measure)} of {alone.tagsets.get(tsid, tsid)} "
+                     f"in bucket {bucket}")
+    more = f" and {len(hit) - 2} more" if len(hit) > 2 else ""
+    return (f"the sums it adds to would pass {SUM_LIMIT:,} micro-units, the most Redis keeps "
+            f"exactly: {'; '.join(shown)}{more}")
+
+
+def _measure_name(measure: str) -> str:
+    if measure.startswith(WASTE_PREFIX):
+        return f"waste ({measure[len(WASTE_PREFIX):]})"
+    return {COST: "spend", QUANTITY: "quantity"}.get(measure, measure)
 
 
 def _running(task: asyncio.Task[None] | None) -> bool:
     return task is not None and not task.done()
+
+
+def _busy(state: PartitionState) -> bool:
+    """Has folded messages not yet written, or a write in flight."""
+    return state.window is not None or _running(state.writer)

@@ -50,6 +50,8 @@ from streams.settings import Settings
 log = logging.getLogger("costline.worker")
 
 SOURCES = {"usage": "usage", "faults": "faults"}
+# How often a worker checks that Redis still holds the watermarks of its idle partitions.
+WATERMARK_CHECK_S = 10.0
 Send = Callable[[bytes, bytes], Awaitable[None]]
 
 
@@ -170,6 +172,7 @@ class Wiring:
                 log.info("resuming %d partitions from Redis watermarks", len(resume))
 
         self.metrics.gauge("consumer_lag", lambda: self._lag(aggregator))
+        self.every(WATERMARK_CHECK_S, "watermark_check", aggregator.verify_watermarks)
         return aggregator
 
     def alerting(self) -> Evaluator:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from connectors.redis_apply import Applied, BatchWriter, Duplicates
+from connectors.redis_apply import Applied, BatchWriter, Duplicates, Overflow
 from connectors.redis_keys import Calendar, bucket_key, first_seen_key, slot_tag, tagsets_key
 from rules.tally import Tally, event_digest, tagset_id, tagset_json
 from tests.integration.redis_writer import Writer
@@ -102,3 +102,29 @@ async def test_a_counted_event_refuses_the_batch(writer: BatchWriter, namespace:
     outcome = await writer.apply(slot, 0, 1, _tally({("a", T0): {"c": 9}}, ["z", "y"]))
     assert outcome == Duplicates(frozenset({event_digest("y")}))
     assert await _field(writer, slot, "5m", T0, "a", "c") == 5
+
+
+async def test_a_sum_past_what_redis_holds_refuses_the_batch_whole(
+        writer: BatchWriter, namespace: str) -> None:
+    slot = slot_tag(namespace, "usage", 0)
+    near = 9 * 10**18  # counted already: within what a bucket field may hold
+    assert await writer.apply(slot, -1, 0, _tally({("a", T0): {"c": near}}, ["x"])) \
+        == Applied()
+    outcome = await writer.apply(slot, 0, 1, _tally(
+        {("a", T0 + 300): {"c": 3 * 10**17}, ("b", T0): {"c": 7}}, ["y", "z"]))
+    tsid = _tagset("a")[0]
+    # Both buckets the 5-minute slot adds to in full would pass the limit; its own does not.
+    assert outcome == Overflow(frozenset({
+        f"{bucket_key(slot, '1h', T0)} {tsid}:c",
+        f"{bucket_key(slot, '1d', '2026-01-01')} {tsid}:c",
+    }))
+    # Nothing of the refused batch was written: not its other sums, not its dedup memory,
+    # not the watermark, so the batch without the offending sums applies in full.
+    assert await writer.watermark(slot) == 0
+    assert await _field(writer, slot, "1d", "2026-01-01", "a", "c") == near
+    assert await _field(writer, slot, "5m", T0, "b", "c") is None
+    assert await writer.redis.smismember(f"{slot}:seen:{T0}", [event_digest("y"),
+                                                              event_digest("z")]) == [0, 0]
+    assert await writer.apply(slot, 0, 1, _tally({("b", T0): {"c": 7}}, ["y", "z"])) \
+        == Applied()
+    assert await _field(writer, slot, "1d", "2026-01-01", "b", "c") == 7

@@ -6,6 +6,8 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from redis.exceptions import ReadOnlyError
+
 from connectors.redis_apply import Applied, Duplicates, Mismatch, Outcome
 from rules.prices import PriceBook
 from rules.tally import Folder, Tally, event_digest
@@ -247,3 +249,49 @@ async def test_a_full_window_does_not_linger():
     await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(3)])
     await asyncio.wait_for(agg.flush(), timeout=5)
     assert writer.wm["{t:usage:0}"] == 2
+
+
+class RefusingWriter(MemoryWriter):
+    """A Redis that answers but refuses its first writes (a replica after a failover)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    async def apply(self, slot: str, expected: int, new_wm: int, tally: Tally) -> Outcome:
+        if self.refusals:
+            self.refusals -= 1
+            raise ReadOnlyError("You can't write against a read only replica.")
+        return await super().apply(slot, expected, new_wm, tally)
+
+
+async def test_a_redis_that_refuses_writes_is_waited_for_and_reported():
+    agg, _, _, _ = make()
+    agg.writer = writer = RefusingWriter(refusals=2)  # type: ignore[assignment]
+    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(3)])
+    await asyncio.sleep(0.01)
+    assert "redis_writes" in agg.health.problems  # PING still answers: this is what shows it
+    assert "ReadOnlyError" in agg.health.problems["redis_writes"][0]
+    await agg.flush()
+    assert writer.cost["{t:usage:0}"] == 3 * H100
+    assert writer.wm["{t:usage:0}"] == 2
+    assert agg.health.ok
+    # The partition goes on: the next take is written too.
+    await handled(agg, [Msg(TOPIC, 0, 3, usage(3))])
+    assert writer.wm["{t:usage:0}"] == 3
+
+
+async def test_an_idle_partition_whose_watermark_redis_lost_is_read_again():
+    agg, writer, seeks, _ = make()
+    await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(5)])
+    await agg.verify_watermarks()
+    assert seeks == []  # Redis holds what was written
+    # Redis restarts from an older snapshot, and no new message arrives for the partition.
+    writer.wm["{t:usage:0}"] = 2
+    writer.cost["{t:usage:0}"] = 3 * H100
+    writer.seen -= {event_digest("e3"), event_digest("e4")}
+    await agg.verify_watermarks()
+    assert seeks == [(TOPIC, 0, 3)]
+    await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(3, 5)])
+    assert writer.wm["{t:usage:0}"] == 4
+    assert writer.cost["{t:usage:0}"] == 5 * H100

@@ -1,0 +1,66 @@
+"""A message whose sums Redis cannot hold becomes a dead letter; the partition goes on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from connectors.redis_apply import BatchWriter
+from connectors.redis_keys import bucket_key, slot_tag
+from rules.prices import PriceBook
+from rules.tally import Folder
+from streams.aggregator import Aggregator
+from streams.health import Health
+from streams.metrics import Metrics
+from streams.settings import DEFAULT_PRICES
+from tests.integration.redis_writer import Writer
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "t.usage.v1"
+TS = 1_767_225_600  # 2026-01-01T00:00:00Z
+
+
+class Msg:
+    def __init__(self, offset: int, value: bytes) -> None:
+        self.topic, self.partition, self.offset, self.value = TOPIC, 0, offset, value
+
+
+def usage(event_id: str, cost: float, team: str) -> dict[str, object]:
+    return {"event_id": event_id, "kind": "usage", "ts": TS, "resource_id": "n",
+            "resource_type": "gpu.h100", "quantity": 1, "unit": "gpu_hour", "cost": cost,
+            "tags": {"team": team}}
+
+
+async def test_a_message_past_what_a_sum_holds_is_refused_and_the_rest_counted(
+        redis_writer: Writer, namespace: str) -> None:
+    writer: BatchWriter = redis_writer.writer
+    letters: list[dict[str, object]] = []
+
+    async def dead(key: bytes, value: bytes) -> None:
+        letters.append(json.loads(value))
+
+    async def seek(topic: str, partition: int, offset: int) -> None:
+        raise AssertionError("no seek expected")
+
+    agg = Aggregator(namespace=namespace, sources={TOPIC: "usage"}, writer=writer,
+                     folder=Folder(PriceBook.load(DEFAULT_PRICES)), send_dead_letter=dead,
+                     seek=seek, metrics=Metrics(), health=Health())
+    # 10,000 events at the most one event may cost (10^9 each, 10^15 micro-units): their sum,
+    # 10^19 micro-units, is more than Redis's integers hold.
+    huge = json.dumps([usage(f"h{i}", 1e9, "big") for i in range(10_000)]).encode()
+    small = json.dumps(usage("s1", 2.5, "small")).encode()
+    await agg.handle([Msg(0, small), Msg(1, huge), Msg(2, json.dumps(usage("s2", 1.5, "small"))
+                                                    .encode())])
+    await agg.flush()
+
+    slot = slot_tag(namespace, "usage", 0)
+    assert await writer.watermark(slot) == 2
+    assert [(letter["offset"], letter["code"]) for letter in letters] == [(1, "out_of_range")]
+    assert "spend of" in str(letters[0]["reason"]) and '"team":"big"' in str(letters[0]["reason"])
+    day = await writer.redis.hgetall(bucket_key(slot, "1d", "2026-01-01"))
+    costs = {field.decode(): int(value) for field, value in day.items()
+             if field.endswith(b":c")}
+    assert sorted(costs.values()) == [4_000_000]  # only the two small events, 2.5 + 1.5
+    assert agg.health.ok
