@@ -3,6 +3,9 @@
 Implements the rule engine's ``StateView`` (and its optional history, cell, hour-mark and
 fault views) by summing the buckets that ``connectors.redis_keys.cover`` picks, over every
 partition slot.
+
+Daily buckets are chosen in the zone the worker recorded (``connectors.bucket_zone``), not in
+the reader's own: the reader's zone only decides which period is asked for.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from redis import Redis
 
+from connectors import bucket_zone
 from connectors.redis_keys import (
     Calendar,
     bucket_key,
@@ -54,9 +58,12 @@ class RedisState:
     """Reads what the aggregation wrote; one instance may serve many queries."""
 
     def __init__(self, redis: Redis, namespace: str, timezone: str) -> None:
+        """``timezone`` names daily buckets only while the namespace records no zone (before
+        a worker has started on it)."""
         self.redis = redis
         self.namespace = namespace
-        self.calendar = Calendar(timezone)
+        self._own_calendar = Calendar(timezone)
+        self._recorded_calendar: Calendar | None = None
         self._dims: dict[tuple[str, str], dict[str, str]] = {}
         self._keys: dict[int, Dimensions] = {}  # id of a kept dimensions object → its key
         # Tag sets repeat a few keys, values and pairs: each kept only once, an evaluation of
@@ -65,6 +72,17 @@ class RedisState:
         self._count_members = redis.register_script(_COUNT_MEMBERS)
 
     # -- catalogue ------------------------------------------------------------------
+
+    @property
+    def calendar(self) -> Calendar:
+        """The calendar daily buckets are named in. The recorded zone never changes once
+        written, so it is read until found and then kept."""
+        if self._recorded_calendar is None:
+            zone = bucket_zone.recorded(self.redis, self.namespace)
+            if zone is None:
+                return self._own_calendar
+            self._recorded_calendar = Calendar(zone)
+        return self._recorded_calendar
 
     def slots(self) -> list[str]:
         return sorted(_text(s) for s in self.redis.smembers(slots_key(self.namespace)))

@@ -15,6 +15,7 @@ from streams.commands import command_group
 
 if TYPE_CHECKING:
     from connectors.kafka_security import KafkaSecurity
+    from streams.settings import Settings
 
 STARTUP_S = 120.0
 
@@ -35,6 +36,35 @@ def _until_kafka_answers(bootstrap: str, step: Callable[[], object]) -> None:
             typer.echo(f"costline worker: waiting for Kafka at {bootstrap}: {exc}", err=True)
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
+
+
+def claim_bucket_zone(settings: Settings) -> None:
+    """Record the zone this worker names daily buckets in, or exit if the namespace's buckets
+    are named in another (``connectors.bucket_zone``). Waits for Redis like for Kafka: the
+    check must pass before anything is counted."""
+    from redis import Redis, exceptions
+
+    from connectors import bucket_zone
+
+    redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    delay = 0.5
+    try:
+        while True:
+            try:
+                bucket_zone.claim(redis, settings.namespace, settings.timezone)
+                return
+            except (bucket_zone.ZoneMismatch, exceptions.AuthenticationError) as exc:
+                # Waiting would change neither the recorded zone nor the password.
+                typer.echo(f"costline worker: {exc}", err=True)
+                raise typer.Exit(2) from exc
+            except (exceptions.ConnectionError, exceptions.TimeoutError,
+                    exceptions.BusyLoadingError, OSError) as exc:
+                # The URL is not repeated: it may carry a password.
+                typer.echo(f"costline worker: waiting for Redis: {exc}", err=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+    finally:
+        redis.close()
 
 
 def _kafka_answers(bootstrap: str, security: KafkaSecurity) -> bool:
@@ -63,6 +93,7 @@ def register(app: typer.Typer) -> None:
         from streams.topics import create_topics
 
         settings = settings_of(ctx)
+        claim_bucket_zone(settings)
         try:
             _until_kafka_answers(settings.kafka_bootstrap, lambda: create_topics(settings))
         except KafkaLoginFailed as exc:  # waiting would not make the password right

@@ -1,13 +1,16 @@
-"""Writes events into a namespace's Redis state the way the worker does (one partition per
-source, one script call per batch), for tests of what reads that state."""
+"""Writes events into a namespace's Redis state the way the worker does (its zone recorded
+first, then one partition per source, one script call per batch), for tests of what reads
+that state."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import pytest
+from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from connectors import bucket_zone
 from connectors.redis_apply import Applied, BatchWriter
 from connectors.redis_keys import Calendar, slot_tag
 from rules.events import AnyEvent
@@ -15,6 +18,8 @@ from rules.prices import PriceBook
 from rules.tally import Folder, Tally
 from streams.settings import DEFAULT_PRICES
 from tests.conftest import forget_redis_keys
+
+ZONE = "UTC"  # the worker's COSTLINE_TIMEZONE
 
 
 class Writer:
@@ -38,8 +43,10 @@ class Writer:
 
 @pytest.fixture
 async def redis_writer(redis_url: str, namespace: str) -> AsyncIterator[Writer]:
+    with Redis.from_url(redis_url) as sync:
+        bucket_zone.claim(sync, namespace, ZONE)
     client = AsyncRedis.from_url(redis_url)
-    yield Writer(BatchWriter(client, namespace, Calendar("UTC"), dedup_ttl=30 * 86400),
+    yield Writer(BatchWriter(client, namespace, Calendar(ZONE), dedup_ttl=30 * 86400),
                  namespace)
     await client.aclose()
     forget_redis_keys(redis_url, namespace)
