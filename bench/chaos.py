@@ -118,17 +118,19 @@ EXERCISES = {
             "watermark (committed as the offset before Faust seeks), re-reads what was "
             "fetched but not applied and drops what was applied but not acknowledged. The "
             "restarted worker rejoins: a second rebalance.",
-    "redis": "`costline stack restart redis`: batch writes, watermark reads, the Slack and "
-             "reclaim ledgers fail and are retried with backoff while `/healthz` says "
-             "degraded; watermarks, sums and the dedup memory come back together from the "
-             "append-only file.",
-    "kafka": "`costline stack restart kafka`: the broker (also group coordinator) goes away "
-             "and returns with its log. The producer buffers and retries idempotently, Faust "
-             "reconnects and rejoins, commits and dead-letter sends fail and are retried. A "
-             "worker that is starting while the broker is away exits (code 1: Faust gives up "
-             "bootstrapping); the run starts it again, as a supervisor does (`restart: "
-             "unless-stopped` in `docker-compose.yml`), and lists it among the workers that "
-             "exited by themselves.",
+    "redis": "Redis is stopped and started again on its port and data (by hand: `kill` the "
+             "pid `costline stack status` shows for it, then `costline stack up` with the same "
+             "flavors and `--redis-port` set to the port it showed; `up` starts only what is "
+             "not running): batch writes, watermark reads, the Slack and reclaim ledgers fail "
+             "and are retried with backoff while `/healthz` says degraded; watermarks, sums "
+             "and the dedup memory come back together from the append-only file.",
+    "kafka": "the broker (also group coordinator) is stopped and started again the same "
+             "way (`--kafka-port`), and returns with its log. The producer buffers and "
+             "retries idempotently, Faust reconnects and rejoins, commits and dead-letter "
+             "sends fail and are retried. A worker that is starting while the broker is away "
+             "exits (code 1: Faust gives up bootstrapping); the run starts it again, as a "
+             "supervisor does (`restart: unless-stopped` in `docker-compose.yml`), and lists "
+             "it among the workers that exited by themselves.",
     "join": "a third worker joins the group: partitions move between live workers while both "
             "still process what they fetched, so the new owner's first write finds the "
             "watermark the old owner advanced (skip to it) or the old owner's stale batch "

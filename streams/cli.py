@@ -1,7 +1,8 @@
-"""``costline``: the command line (CONTRACT §6).
+"""``costline``: the command line.
 
 The root callback turns the shared flags into one ``Settings`` object (flags win over the
-environment); each command group lives in its own module and is registered here.
+environment); each command group lives in its own module and is registered here. The root
+command also turns Redis failing any command into one line on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -11,11 +12,50 @@ from typing import Any
 
 import typer
 from pydantic import ValidationError
+from redis.exceptions import AuthenticationError, BusyLoadingError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from typer.core import TyperGroup
 
-from streams.settings import Settings
+from streams.settings import Settings, known_zone, without_password
+
+# How a command reports Redis failing it, most specific first. Redis being down, slow or
+# still loading is the environment's doing, not a bug of the command: one line says enough.
+REDIS_FAILURES: tuple[tuple[type[RedisError], str], ...] = (
+    (BusyLoadingError, "is still loading its data"),
+    (AuthenticationError, "refused the login"),
+    (RedisTimeoutError, "did not answer in time"),
+    (RedisConnectionError, "did not answer"),
+    (RedisError, "answered with an error"),
+)
+# ``ctx.meta`` key (shared by every context of one invocation): the command that asked for
+# the settings, named in the failure line, e.g. ``costline reclaim status``.
+_COMMAND = "costline.command"
+
+
+def redis_failure(command: str, redis_url: str, exc: RedisError) -> str:
+    """The one line a command prints when Redis fails it; the URL without its password."""
+    what = next(text for kind, text in REDIS_FAILURES if isinstance(exc, kind))
+    return f"{command}: Redis at {without_password(redis_url)} {what}: {exc}"
+
+
+class _Costline(TyperGroup):
+    """The root command: a Redis failure in any command ends it cleanly, with exit code 1."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RedisError as exc:
+            if not isinstance(ctx.obj, Settings):
+                raise
+            command = ctx.meta.get(_COMMAND, f"costline {ctx.invoked_subcommand}")
+            typer.echo(redis_failure(command, ctx.obj.redis_url, exc), err=True)
+            raise typer.Exit(1) from exc
+
 
 app = typer.Typer(
     name="costline",
+    cls=_Costline,
     help="Real-time cost governance for large-model training clusters.",
     no_args_is_help=True,
     add_completion=False,
@@ -59,10 +99,34 @@ def _root(
 
 
 def settings_of(ctx: typer.Context) -> Settings:
-    """The settings the root callback built for this invocation."""
+    """The settings the root callback built for this invocation.
+
+    Every command that uses Redis asks for them with its own context: that is where the root
+    command learns which command to name if Redis then fails it.
+    """
+    ctx.meta[_COMMAND] = _command_name(ctx)
     root = ctx.find_root()
     assert isinstance(root.obj, Settings)
     return root.obj
+
+
+def _command_name(ctx: typer.Context) -> str:
+    """``costline reclaim status``, also when started as ``python -m streams``."""
+    names: list[str] = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["costline", *reversed(names)])
+
+
+def zone_option(value: str | None) -> str | None:
+    """Option callback: an unknown time zone is a usage error (exit 2), as for ``--timezone``."""
+    if value is None:
+        return None
+    try:
+        return known_zone(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 _registered: list[bool] = []

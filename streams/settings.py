@@ -1,19 +1,28 @@
 """One typed, frozen settings object: CONTRACT §1, plus the operational knobs behind it.
 
 Every field can be set from the environment (``COSTLINE_*``; the Slack ones keep their own
-names) and every command accepts the same as a flag. Secrets are ``SecretStr``: their repr
-is masked, so printing the settings object never reveals them.
+names); seven also have an option of the root command (``streams.cli``). Secrets are
+``SecretStr``: their repr is masked, so printing the settings object never reveals them.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.connection import parse_url
 
@@ -25,12 +34,15 @@ DEFAULT_RULES = RULES_PACKAGE / "definitions"
 DEFAULT_PRICES = RULES_PACKAGE / "prices" / "example.yaml"
 # redis-py reads these from a rediss:// URL's query and opens the files at connect time.
 REDIS_TLS_FILES = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
+ENV_PREFIX = "COSTLINE_"
 
 
 class Settings(BaseSettings):
     # An error never repeats the value it refuses: the Redis URL may carry a password.
-    model_config = SettingsConfigDict(env_prefix="COSTLINE_", frozen=True, extra="ignore",
-                                      hide_input_in_errors=True)
+    # JSON settings are decoded by ``_decoded_json``, not by pydantic-settings, whose parse
+    # error is an exception that names neither the variable nor what is wrong with it.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore",
+                                      hide_input_in_errors=True, enable_decoding=False)
 
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis or Valkey URL")
@@ -129,6 +141,20 @@ class Settings(BaseSettings):
     kafka_ssl_check_hostname: bool = Field(
         True, description="check that a broker's certificate names the host connected to")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _decoded_json(cls, value: Any, info: ValidationInfo) -> Any:
+        """A dict or list setting given as text (the environment's JSON) → its value; text
+        that is not JSON is refused like any other bad setting, naming the variable."""
+        if not isinstance(value, str) or info.field_name not in JSON_SETTINGS:
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            variable = f"{ENV_PREFIX}{info.field_name}".upper()
+            raise ValueError(f"{variable} is not JSON: {exc.msg} at line {exc.lineno} column "
+                             f"{exc.colno}") from None
+
     @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
     @classmethod
     def _upper_case(cls, value: Any) -> Any:
@@ -182,11 +208,7 @@ class Settings(BaseSettings):
     @field_validator("timezone")
     @classmethod
     def _known_zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown IANA time zone {value!r}") from exc
-        return value
+        return known_zone(value)
 
     def topic(self, name: str) -> str:
         """The namespaced topic name, e.g. ``costline.usage.v1``."""
@@ -199,6 +221,36 @@ class Settings(BaseSettings):
             "COSTLINE_REDIS_URL": self.redis_url,
             "COSTLINE_NAMESPACE": self.namespace,
         }
+
+
+# Settings whose environment variable holds JSON (``_decoded_json`` reads them).
+JSON_SETTINGS = frozenset(
+    name for name, field in Settings.model_fields.items()
+    if get_origin(field.annotation) in (dict, list)
+)
+
+
+def known_zone(value: str) -> str:
+    """``value`` if it names an IANA time zone; else ``ValueError``."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown IANA time zone {value!r}") from exc
+    return value
+
+
+def without_password(url: str) -> str:
+    """A Redis URL to show people: a password, in the user part or as ``?password=``, is
+    replaced by ``***``."""
+    parts = urlsplit(url)
+    netloc, query = parts.netloc, parts.query
+    if parts.password is not None:
+        credentials, _, host = netloc.rpartition("@")
+        netloc = f"{credentials.partition(':')[0]}:***@{host}"
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if any(key == "password" for key, _ in pairs):
+        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="/:*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def _revealed(secret: SecretStr | None) -> str | None:

@@ -63,8 +63,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """A self-contained HTML report: spend against budgets, waste by fault type, top
         spenders and the idle hours reclaimed, for a day, week or month."""
-        from redis import RedisError
-
         from connectors.report_html import render
         from rules.loader import RulesInvalid
         from streams.cli import settings_of
@@ -79,9 +77,6 @@ def register(app: typer.Typer) -> None:
             for error in exc.errors:
                 typer.echo(str(error), err=True)
             typer.echo("costline report: the rule set does not load", err=True)
-            raise typer.Exit(1) from exc
-        except RedisError as exc:
-            typer.echo(f"costline report: Redis did not answer: {exc}", err=True)
             raise typer.Exit(1) from exc
         try:
             _write(page, html)

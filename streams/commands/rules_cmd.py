@@ -42,7 +42,7 @@ def validate(
     except SourceInvalid as exc:
         _problems(exc)
     files = len(rule_files(paths))
-    typer.echo(f"ok: {len(ruleset)} rules in {files} file{'s' if files != 1 else ''}")
+    typer.echo(f"ok: {_count(len(ruleset), 'rule')} in {_count(files, 'file')}")
 
 
 @rules_app.command("schema")
@@ -106,6 +106,10 @@ def backtest(
         f"{result.counted} events, {len(result.changes)} alert changes, "
         f"{fired} alert{'' if fired == 1 else 's'} fired"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _problems(exc: SourceInvalid) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from streams.cli import zone_option
 from streams.commands import command_group
 
 PERIODS = ("day", "week", "month")
@@ -90,10 +91,12 @@ def register(app: typer.Typer) -> None:
         period: str = typer.Option("month", help="day, week or month."),
         at: str | None = typer.Option(None, help="A moment inside the period (RFC 3339 or "
                                       "Unix seconds); default now."),
-        zone: str | None = typer.Option(None, "--tz", help="Time zone of the period; default "
-                                        "COSTLINE_TIMEZONE."),
+        zone: str | None = typer.Option(None, "--tz", callback=zone_option, help="Time zone "
+                                        "of the period; default COSTLINE_TIMEZONE."),
         peaks: bool = typer.Option(False, help="Also give each group's peak hourly spend."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON (CONTRACT §6)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON: currency, period "
+                                     "(start, end) and rows (group, cost, waste; peak_hourly "
+                                     "with --peaks), amounts as decimal strings."),
     ) -> None:
         """Spend and waste per group for a day, week or month."""
         from redis import Redis
