@@ -173,11 +173,16 @@ class RedisState:
 
     def series(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
                start: float, end: float, step: int = 3600) -> dict[Group, dict[int, int]]:
-        """Sums per group per ``step``-second interval (hourly by default): peaks and charts."""
+        """Sums per group per ``step``-second interval (hourly by default): peaks and charts.
+
+        Intervals are aligned to UTC multiples of ``step``; the first and last are cut at
+        ``start`` and ``end`` (a day in a half-hour zone starts mid-hour), so no interval
+        counts spend from outside the period."""
         out: dict[Group, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         t = int(start) // step * step
         while t < end:
-            for group, value in self.totals(measure, match, group_by, t, t + step).items():
+            part = (max(t, start), min(t + step, end))
+            for group, value in self.totals(measure, match, group_by, *part).items():
                 out[group][t] += value
             t += step
         return {g: dict(v) for g, v in out.items()}
