@@ -28,6 +28,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 import connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
+from connectors import bucket_zone
 from connectors.alert_store import AlertStore
 from connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions
 from connectors.redis_apply import BatchWriter
@@ -173,6 +174,12 @@ class Wiring:
 
         self.metrics.gauge("consumer_lag", lambda: self._lag(aggregator))
         self.every(WATERMARK_CHECK_S, "watermark_check", aggregator.verify_watermarks)
+
+        async def record_zone() -> None:
+            # Recorded at start (``costline worker``); again here, for a Redis that lost it.
+            await asyncio.to_thread(bucket_zone.claim, self.sync_redis, settings.namespace,
+                                    settings.timezone)
+        self.every(WATERMARK_CHECK_S, "zone_record", record_zone)
         return aggregator
 
     def alerting(self) -> Evaluator:
