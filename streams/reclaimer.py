@@ -362,9 +362,13 @@ def build_reclaimer(settings: Settings, rules: RuleSource, sink: Sink,
 
     from connectors.redis_state import RedisState
 
-    state = RedisState(SyncRedis.from_url(settings.redis_url), settings.namespace,
+    # Timeouts: a Redis that takes connections but never answers fails a tick, which is
+    # retried, instead of hanging the reclaimer.
+    timeouts = {"socket_timeout": 10, "socket_connect_timeout": 5}
+    state = RedisState(SyncRedis.from_url(settings.redis_url, **timeouts), settings.namespace,
                        settings.timezone)
-    ledger = RedisReclaimLedger(Redis.from_url(settings.redis_url), settings.namespace)
+    ledger = RedisReclaimLedger(Redis.from_url(settings.redis_url, **timeouts),
+                                settings.namespace)
     return Reclaimer(rules=rules, state=state, ledger=ledger,
                      prices=PriceBook.load(settings.prices), sink=sink,
                      timezone=settings.timezone, **options)

@@ -18,7 +18,9 @@ def _store(ctx: typer.Context) -> Any:
     from streams.cli import settings_of
 
     settings = settings_of(ctx)
-    return AlertStore(Redis.from_url(settings.redis_url), settings.namespace)
+    # A Redis that never answers ends the command with an error instead of hanging it.
+    return AlertStore(Redis.from_url(settings.redis_url, socket_connect_timeout=5,
+                                     socket_timeout=10), settings.namespace)
 
 
 def alert_rows(book: Any) -> list[dict[str, Any]]:
