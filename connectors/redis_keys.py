@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 SLOT_S = 300
@@ -83,6 +83,7 @@ class Calendar:
     def __init__(self, timezone: str) -> None:
         self.zone = ZoneInfo(timezone)
         self._dates: dict[int, str] = {}
+        self._runs: dict[str, bool] = {}
 
     def date_of(self, slot: int) -> str:
         found = self._dates.get(slot)
@@ -94,10 +95,41 @@ class Calendar:
 
     def day_bounds(self, ts: float) -> tuple[int, int, str]:
         """[start, end) in Unix seconds of the local day containing ``ts``, and its date."""
-        local = datetime.fromtimestamp(ts, self.zone)
-        start = local.replace(hour=0, minute=0, second=0, microsecond=0)
-        end = (start + timedelta(days=1)).replace(tzinfo=None).replace(tzinfo=self.zone)
-        return int(start.timestamp()), int(end.timestamp()), start.date().isoformat()
+        day = datetime.fromtimestamp(ts, self.zone).date()
+        return self._midnight(day), self._midnight(day + timedelta(days=1)), day.isoformat()
+
+    def is_one_run(self, day: str) -> bool:
+        """Whether the slots dated ``day`` are exactly ``day_bounds`` of it, so its day bucket
+        may stand for that interval. Not when the clocks went back over a midnight, from just
+        after it to the day before (America/St_Johns until 2011: the dates of its slots go
+        D-1, D, D-1, D), nor forward over one from before it (the day starts at the
+        change, before its midnight read with the old offset)."""
+        found = self._runs.get(day)
+        if found is None:
+            if len(self._runs) > 10_000:
+                self._runs.clear()
+            first = date.fromisoformat(day)
+            found = self._runs[day] = (self._changes_once(first)
+                                       and self._changes_once(first + timedelta(days=1)))
+        return found
+
+    def _changes_once(self, day: date) -> bool:
+        """Whether the dates of slots turn to ``day`` at its first midnight and never back."""
+        first = self._midnight(day)
+        again = int(datetime.combine(day, time(0, fold=1), tzinfo=self.zone).timestamp())
+        label = day.isoformat()
+        if self.date_of(first - SLOT_S) == label:
+            return False  # the day began before this midnight, at a change of offset
+        # A second midnight is a repeat of the day only if the slot before it is in the day.
+        return again <= first or self.date_of(again - SLOT_S) == label
+
+    def _midnight(self, day: date) -> int:
+        """The first instant of ``day``: with ``fold=0`` a midnight the clocks go back to
+        (America/Havana, Atlantic/Azores) is its first occurrence, and a midnight they skip
+        (America/Santiago) is read with the earlier offset, which lands on the first instant
+        after the gap. A ``ts`` in the repeated hour must not start its day at the second
+        midnight: that day bucket would hold the hour before it too."""
+        return int(datetime.combine(day, time(0), tzinfo=self.zone).timestamp())
 
 
 def cover(start: float, end: float, calendar: Calendar) -> Iterator[tuple[str, str | int]]:
@@ -106,13 +138,15 @@ def cover(start: float, end: float, calendar: Calendar) -> Iterator[tuple[str, s
 
     An hour never steps over a local midnight, so in a zone whose midnight falls on the half
     hour the walk still reaches it with 5-minute slots and takes the day bucket from there.
+    A day bucket holds every slot of its date, so it is taken only from the day's first
+    midnight and only if those slots are one interval (``Calendar.is_one_run``).
     """
     t = int(start // SLOT_S) * SLOT_S
     stop = -int(-end // SLOT_S) * SLOT_S
     while t < stop:
-        day_start, day_end, date = calendar.day_bounds(t)
-        if t == day_start and day_end <= stop:
-            yield "1d", date
+        day_start, day_end, day = calendar.day_bounds(t)
+        if t == day_start and day_end <= stop and calendar.is_one_run(day):
+            yield "1d", day
             t = day_end
         elif t % HOUR_S == 0 and t + HOUR_S <= min(stop, day_end):
             yield "1h", t

@@ -187,9 +187,25 @@ class PriceBook:
                 f"field resource_type: {event.resource_type} is priced per {price.unit!r}; "
                 "fault waste needs a per-hour price",
             )
-        seconds = _CTX.add(exact(event.lost_seconds), exact(event.recovery_seconds))
-        unit_hours = _CTX.divide(_CTX.multiply(Decimal(event.units), seconds), _HOUR_D)
-        return _bounded("lost_seconds", to_micro(_CTX.multiply(unit_hours, price.price)))
+        lost, recovery = exact(event.lost_seconds), exact(event.recovery_seconds)
+        seconds = _CTX.add(lost, recovery)
+        waste = _hourly_micro(_CTX.multiply(Decimal(event.units), seconds), price.price)
+        if waste > MAX_EVENT_MICRO:
+            _bounded(_waste_culprit(lost, recovery, price.price), waste)
+        return waste
+
+
+def _hourly_micro(unit_seconds: Decimal, hourly_price: Decimal) -> int:
+    return to_micro(_CTX.multiply(_CTX.divide(unit_seconds, _HOUR_D), hourly_price))
+
+
+def _waste_culprit(lost: Decimal, recovery: Decimal, hourly_price: Decimal) -> str:
+    """The field to name when fault waste is beyond what one event may add: the larger of
+    the two durations if they are too much even for one unit, else the number of units
+    (within its own bounds, it is what multiplied a sensible duration past the limit)."""
+    if _hourly_micro(_CTX.add(lost, recovery), hourly_price) <= MAX_EVENT_MICRO:
+        return "units"
+    return "lost_seconds" if lost >= recovery else "recovery_seconds"
 
 
 def _bounded(field: str, micro: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 import typer
@@ -17,24 +18,43 @@ PERIODS = ("day", "week", "month")
 
 def parse_where(pairs: Sequence[str]) -> dict[str, str]:
     """``KEY=VALUE`` filters (the value may be a ``*`` glob) → a match mapping."""
-    match: dict[str, str] = {}
+    return dict(_pair(pair) for pair in pairs)
+
+
+def parse_filters(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """``--where`` filters: each key → the globs its value may match. Different keys must all
+    match; a key given again matches any of its values (``team=a`` and ``team=b``: either
+    team), where keeping only the last one would quietly drop the others."""
+    found: dict[str, tuple[str, ...]] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--where")
-        match[key.strip()] = value.strip()
-    return match
+        key, value = _pair(pair)
+        if value not in found.get(key, ()):
+            found[key] = (*found.get(key, ()), value)
+    return found
 
 
-def spend_report(state: Any, currency: str, by: Sequence[str], where: Mapping[str, str],
+def _pair(pair: str) -> tuple[str, str]:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+        raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--where")
+    return key.strip(), value.strip()
+
+
+Filters = Mapping[str, str | Sequence[str]]
+
+
+def spend_report(state: Any, currency: str, by: Sequence[str], where: Filters,
                  start: float, end: float, peaks: bool = False) -> dict[str, Any]:
-    """The rows of CONTRACT §6: one per group, cost and waste, sorted by cost descending."""
+    """The rows of CONTRACT §6: one per group, cost and waste, sorted by cost descending.
+
+    ``where`` maps a key to a glob, or to several globs any of which it may match."""
     from rules.durations import rfc3339
     from rules.prices import format_micro
 
-    cost = state.totals("cost", where, by, start, end)
-    waste = state.totals("waste", where, by, start, end)
-    peak = _peaks(state, where, by, start, end) if peaks else {}
+    query = _Query(by, where)
+    cost = query.totals(state, "cost", start, end)
+    waste = query.totals(state, "waste", start, end)
+    peak = query.peaks(state, start, end) if peaks else {}
     rows = []
     for group in sorted(set(cost) | set(waste), key=lambda g: (-cost.get(g, 0), g)):
         row: dict[str, Any] = {
@@ -52,12 +72,57 @@ def spend_report(state: Any, currency: str, by: Sequence[str], where: Mapping[st
     }
 
 
-def _peaks(state: Any, where: Mapping[str, str], by: Sequence[str], start: float,
-           end: float) -> dict[tuple[str, ...], int]:
-    """Highest hourly spend of each group in the period (peaks, not averages)."""
-    until = min(end, time.time() + 3600)
-    series = state.series("cost", where, by, start, until, step=3600)
-    return {group: max(hours.values()) for group, hours in series.items() if hours}
+class _Query:
+    """Groups and filters of a report, asked of a store whose match takes one glob per key.
+
+    A key with several globs is grouped by as well, and only the groups whose value matches
+    one of them are kept and summed onto the asked groups: the store reads the same buckets
+    and decides each tag set once either way, and each tag set falls in one group, so
+    overlapping globs (``team=a*``, ``team=ab``) still count it once.
+    """
+
+    def __init__(self, by: Sequence[str], where: Filters) -> None:
+        self.by = list(by)
+        self.match: dict[str, str] = {}
+        self.either: dict[str, tuple[str, ...]] = {}
+        for key, globs in where.items():
+            alternatives = (globs,) if isinstance(globs, str) else tuple(dict.fromkeys(globs))
+            if len(alternatives) == 1:
+                self.match[key] = alternatives[0]
+            else:
+                self.either[key] = alternatives
+        self.group_by = [*self.by, *self.either]
+
+    def kept(self, group: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The asked group of a store's group, or ``None`` if it matches no alternative."""
+        values = group[len(self.by):]
+        for value, globs in zip(values, self.either.values(), strict=True):
+            if not any(fnmatchcase(value, glob) for glob in globs):
+                return None
+        return group[:len(self.by)]
+
+    def totals(self, state: Any, measure: str, start: float, end: float
+               ) -> dict[tuple[str, ...], int]:
+        out: dict[tuple[str, ...], int] = {}
+        for group, value in state.totals(measure, self.match, self.group_by, start,
+                                         end).items():
+            asked = self.kept(group)
+            if asked is not None:
+                out[asked] = out.get(asked, 0) + value
+        return out
+
+    def peaks(self, state: Any, start: float, end: float) -> dict[tuple[str, ...], int]:
+        """Highest hourly spend of each group in the period (peaks, not averages)."""
+        until = min(end, time.time() + 3600)
+        hourly: dict[tuple[str, ...], dict[int, int]] = {}
+        series = state.series("cost", self.match, self.group_by, start, until, step=3600)
+        for group, hours in series.items():
+            asked = self.kept(group)
+            if asked is not None:
+                merged = hourly.setdefault(asked, {})
+                for hour, value in hours.items():
+                    merged[hour] = merged.get(hour, 0) + value
+        return {group: max(hours.values()) for group, hours in hourly.items() if hours}
 
 
 def _table(report: dict[str, Any], by: Sequence[str]) -> None:
@@ -87,7 +152,8 @@ def register(app: typer.Typer) -> None:
         by: str = typer.Option("", help="Group by these keys (tags, category, resource_type, "
                                "billing), comma-separated."),
         where: list[str] = typer.Option([], help="KEY=VALUE filter (a * glob is allowed); "
-                                        "repeatable."),
+                                        "repeatable: different keys must all match, a key "
+                                        "given again matches any of its values."),
         period: str = typer.Option("month", help="day, week or month."),
         at: str | None = typer.Option(None, help="A moment inside the period (RFC 3339 or "
                                       "Unix seconds); default now."),
@@ -118,7 +184,8 @@ def register(app: typer.Typer) -> None:
         state = RedisState(Redis.from_url(settings.redis_url), settings.namespace,
                            settings.timezone)
         currency = PriceBook.load(settings.prices).currency
-        report = spend_report(state, currency, keys, parse_where(where), start, end, peaks)
+        report = spend_report(state, currency, keys, parse_filters(where), start, end,
+                              peaks)
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:

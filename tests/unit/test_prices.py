@@ -187,6 +187,34 @@ def test_fault_waste_of_an_unknown_resource_type_is_refused(book):
     assert caught.value.code == "unknown_resource_type"
 
 
+@pytest.mark.parametrize(
+    ("units", "lost_seconds", "recovery_seconds", "field"),
+    [
+        (1, 1e15, 900, "lost_seconds"),
+        (1, 900, 1e15, "recovery_seconds"),
+        (1, 6e14, 5e14, "lost_seconds"),  # both too much for one unit: the larger is named
+        (1_000_000, 1e11, 0, "units"),  # 1e11 s of one unit is within the limit, a million not
+        (1_000_000, 0, 1e11, "units"),
+    ],
+)
+def test_fault_waste_beyond_one_events_limit_names_the_field_that_made_it_too_large(
+        units, lost_seconds, recovery_seconds, field):
+    priced = make_book({"gpu.x": {"unit": "gpu_hour", "price": "3.6", "category": "compute"}})
+    event = fault(resource_type="gpu.x", units=units, lost_seconds=lost_seconds,
+                  recovery_seconds=recovery_seconds)
+    with pytest.raises(PricingError) as caught:
+        priced.waste(event)
+    assert caught.value.code == "out_of_range"
+    assert caught.value.reason.startswith(f"field {field}: the event would add ")
+
+
+def test_fault_waste_at_one_events_limit_is_accepted():
+    priced = make_book({"gpu.x": {"unit": "gpu_hour", "price": "3.6", "category": "compute"}})
+    # 3.6 an hour is 1,000 micro-units a unit-second: 10^12 unit-seconds is exactly the limit.
+    assert priced.waste(fault(resource_type="gpu.x", units=1_000_000, lost_seconds=4e5,
+                              recovery_seconds=6e5)) == 10**15
+
+
 # --- helpers --------------------------------------------------------------------------------
 
 

@@ -171,3 +171,106 @@ def test_day_bounds_are_the_local_midnights_around_a_time():
     start, end, day = Calendar("Asia/Shanghai").day_bounds(at("2026-11-30T23:30:00Z"))
     assert (start, end, day) == (at("2026-12-01T00:00:00+08:00"),
                                  at("2026-12-02T00:00:00+08:00"), "2026-12-01")
+
+
+# -- every slot once, around the clock changes of 2025 ---------------------------------------
+
+SWEEP_ZONES = ["UTC", "Europe/Berlin", "Asia/Kolkata", "Australia/Lord_Howe",
+               "America/Santiago", "America/Havana", "Atlantic/Azores", "Africa/Cairo"]
+# Zones without clock changes are swept around the fall-backs at local midnight instead.
+QUIET_ANCHORS = [at("2025-10-26T01:00:00Z"), at("2025-11-02T05:00:00Z")]
+
+
+def transitions(zone: ZoneInfo, year: int = 2025) -> list[int]:
+    """The first instants of ``year`` with a new UTC offset (changes on a UTC hour only)."""
+    first = at(f"{year}-01-01T00:00:00Z")
+    found, previous = [], None
+    for t in range(first, first + 366 * 86400, 3600):
+        offset = datetime.fromtimestamp(t, zone).utcoffset()
+        if previous is not None and offset != previous:
+            found.append(t)
+        previous = offset
+    return found
+
+
+def slots_by_date(calendar: Calendar, first: int, last: int) -> dict[str, list[int]]:
+    """Every 5-minute slot of [first, last) under its local date: what a day bucket holds."""
+    found: dict[str, list[int]] = {}
+    for slot in range(first, last, 300):
+        found.setdefault(calendar.date_of(slot), []).append(slot)
+    return found
+
+
+def expanded(buckets: list[tuple[str, str | int]], days: dict[str, list[int]]) -> list[int]:
+    slots: list[int] = []
+    for size, label in buckets:
+        if size == "1d":
+            slots.extend(days[str(label)])
+        else:
+            assert isinstance(label, int)
+            slots.extend(range(label, label + SIZES[size], 300))
+    return slots
+
+
+def sweep(zone_name: str, anchor: int) -> None:
+    """Windows starting at every slot from 26 h before ``anchor`` to 2 h after it, each with
+    ends from one slot to past the next local midnight: their buckets hold each slot of the
+    window once and nothing else."""
+    calendar = Calendar(zone_name)
+    days = slots_by_date(Calendar(zone_name), anchor - 3 * 86400, anchor + 3 * 86400)
+    for start in range(anchor - 26 * 3600, anchor + 2 * 3600 + 1, 300):
+        ends = {start + 300, start + 3900, start + 86400, start + 90300, anchor + 26 * 3600}
+        for end in sorted(e for e in ends if e > start):
+            buckets = list(cover(start, end, calendar))
+            assert sorted(expanded(buckets, days)) == list(range(start, end, 300)), (
+                zone_name, datetime.fromtimestamp(start, calendar.zone).isoformat(),
+                datetime.fromtimestamp(end, calendar.zone).isoformat(), buckets)
+
+
+@pytest.mark.parametrize("zone_name", SWEEP_ZONES)
+def test_every_slot_of_a_window_near_a_2025_clock_change_is_covered_once(zone_name):
+    anchors = transitions(ZoneInfo(zone_name)) or QUIET_ANCHORS
+    for anchor in anchors:
+        sweep(zone_name, anchor)
+
+
+def test_a_window_from_five_past_the_first_of_two_azores_midnights_counts_each_slot_once():
+    # 2025-10-26 in the Azores: midnight at 00:00Z, then the clocks go back to midnight at
+    # 01:00Z; the day is 25 hours long and starts at the first one.
+    start, end = at("2025-10-26T00:05:00Z"), at("2025-10-27T03:00:00Z")
+    buckets = list(cover(start, end, Calendar("Atlantic/Azores")))
+    assert ("1d", "2025-10-26") not in buckets
+    assert_exact_cover(intervals(start, end, "Atlantic/Azores"), start, end)
+
+
+def test_days_the_clocks_went_back_over_midnight_into_are_covered_slot_by_slot():
+    # St John's went back at 00:01 until 2011: 2010-11-07 00:00 (one slot), then 2010-11-06
+    # 23:05 again. Neither date's slots are one interval, so no window takes their buckets.
+    start, end = at("2010-11-06T00:00:00-02:30"), at("2010-11-08T00:00:00-03:30")
+    buckets = list(cover(start, end, Calendar("America/St_Johns")))
+    assert ("1d", "2010-11-06") not in buckets and ("1d", "2010-11-07") not in buckets
+    assert ("1d", "2010-11-05") in list(cover(start - 86400, end, Calendar("America/St_Johns")))
+    sweep("America/St_Johns", at("2010-11-07T02:35:00Z"))
+
+
+def test_day_bounds_in_the_repeated_midnight_hour_are_the_whole_25_hour_day():
+    for ts in (at("2025-10-26T00:30:00Z"), at("2025-10-26T01:30:00Z")):
+        assert Calendar("Atlantic/Azores").day_bounds(ts) == (
+            at("2025-10-26T00:00:00Z"), at("2025-10-27T01:00:00Z"), "2025-10-26")
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    zone_name=st.sampled_from(SWEEP_ZONES),
+    anchor=st.sampled_from(sorted({t for z in SWEEP_ZONES for t in transitions(ZoneInfo(z))})),
+    offset=st.integers(min_value=-60 * 12, max_value=60 * 12),
+    slots=st.integers(min_value=1, max_value=4 * 288),
+)
+def test_buckets_near_any_2025_clock_change_hold_each_slot_of_the_window_once(
+        zone_name, anchor, offset, slots):
+    start = anchor + offset * 300
+    end = start + slots * 300
+    calendar = Calendar(zone_name)
+    days = slots_by_date(calendar, start - 2 * 86400, end + 2 * 86400)
+    buckets = list(cover(start, end, calendar))
+    assert sorted(expanded(buckets, days)) == list(range(start, end, 300))
