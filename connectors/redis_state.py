@@ -20,6 +20,7 @@ from redis import Redis
 from connectors import bucket_zone
 from connectors.redis_keys import (
     Calendar,
+    Retention,
     bucket_key,
     cover,
     faults_key,
@@ -170,6 +171,14 @@ class RedisState:
             key = self._keys[id(dims)] = tuple(
                 share(pair, pair) for pair in sorted(dims.items()))
         return key
+
+    def short_lived_parts(self, start: float, end: float, now: float) -> list[str]:
+        """The bucket sizes [start, end) is read from whose retention its event time is past:
+        a period in another zone than the recorded one has its edges read from hourly (35 d)
+        or 5-minute (48 h) buckets, which may be gone by now (kept from their last write)."""
+        kept = {"1h": Retention.hour, "5m": Retention.five_min}
+        return sorted({size for size, label in cover(start, end, self.calendar)
+                       if size in kept and int(label) < now - kept[size]})
 
     def series(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
                start: float, end: float, step: int = 3600) -> dict[Group, dict[int, int]]:

@@ -181,12 +181,29 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--at") from exc
         start, end = period_bounds(moment, period, zone or settings.timezone)  # type: ignore[arg-type]
-        state = RedisState(Redis.from_url(settings.redis_url), settings.namespace,
-                           settings.timezone)
+        # A Redis that never answers ends the command with an error instead of hanging it.
+        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+        state = RedisState(redis, settings.namespace, settings.timezone)
         currency = PriceBook.load(settings.prices).currency
         report = spend_report(state, currency, keys, parse_filters(where), start, end,
                               peaks)
+        _warn_if_short(state, start, end)
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:
             _table(report, keys)
+
+
+_KEPT = {"1h": "hourly buckets are kept 35 days", "5m": "5-minute buckets are kept 48 hours"}
+
+
+def _warn_if_short(state: Any, start: float, end: float) -> None:
+    """Say so when part of the period comes from buckets that may have expired (on stderr,
+    so ``--json`` stays machine-readable)."""
+    parts = state.short_lived_parts(start, end, time.time())
+    if parts:
+        typer.echo(f"costline spend: warning: this period's edges are not whole days in the zone "
+                   f"the buckets are kept in and are read from finer buckets ("
+                   f"{'; '.join(_KEPT[p] for p in parts)}): the totals may be short. Ask in "
+                   f"the recorded zone (docs/OPERATIONS.md, Time zone) for an exact answer.",
+                   err=True)

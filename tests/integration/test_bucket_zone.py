@@ -5,7 +5,9 @@ than the recorded one refuses to start."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import typer
@@ -75,3 +77,25 @@ def test_a_worker_in_another_zone_refuses_to_start(
     assert "'UTC'" in error and "'Asia/Tokyo'" in error
     assert "set COSTLINE_TIMEZONE back to 'UTC'" in error and "new namespace" in error
     assert bucket_zone.recorded(client, namespace) == "UTC"
+
+
+def test_a_period_read_from_expired_finer_buckets_is_flagged(
+        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    _register()
+
+    def spend(*zone: str, at: str) -> Any:
+        return CliRunner().invoke(app, [
+            "--redis-url", redis_url, "--namespace", namespace, "spend", "--period", "day",
+            *zone, "--at", at, "--json"])
+
+    # A Tokyo day 90 days ago, in a namespace counted in UTC: its edges come from hourly
+    # buckets, kept 35 days.
+    old = time.strftime("%Y-%m-%dT12:00:00+09:00", time.gmtime(time.time() - 90 * 86400))
+    flagged = spend("--tz", "Asia/Tokyo", at=old)
+    assert flagged.exit_code == 0, flagged.output
+    assert "hourly buckets are kept 35 days" in flagged.stderr
+    assert json.loads(flagged.stdout)["rows"] == []  # stdout stays JSON
+    # The same day in the recorded zone is read from its daily bucket; nor is a recent one.
+    assert spend("--tz", "UTC", at=old.replace("+09:00", "Z")).stderr == ""
+    recent = time.strftime("%Y-%m-%dT12:00:00+09:00", time.gmtime(time.time() - 86400))
+    assert spend("--tz", "Asia/Tokyo", at=recent).stderr == ""
