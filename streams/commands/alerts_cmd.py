@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
         from streams.commands.spend_cmd import parse_where
 
         seconds = _duration(duration)
-        matchers = parse_where(match)
+        matchers = parse_where(match, hint="--match")
         if rule is None and not matchers:
             raise typer.BadParameter("name a --rule, a --match, or both")
         made = _store(ctx).add_silence(ends_at=time.time() + seconds, rule=rule,

@@ -16,9 +16,18 @@ from streams.commands import command_group
 PERIODS = ("day", "week", "month")
 
 
-def parse_where(pairs: Sequence[str]) -> dict[str, str]:
-    """``KEY=VALUE`` filters (the value may be a ``*`` glob) → a match mapping."""
-    return dict(_pair(pair) for pair in pairs)
+def parse_where(pairs: Sequence[str], hint: str = "--where") -> dict[str, str]:
+    """``KEY=VALUE`` matchers (the value may be a ``*`` glob), one per key → a match mapping.
+    A key given twice is refused: keeping only the last value would quietly drop the other."""
+    found: dict[str, str] = {}
+    for pair in pairs:
+        key, value = _pair(pair, hint)
+        if key in found and found[key] != value:
+            raise typer.BadParameter(
+                f"{key!r} is given twice ({found[key]!r}, {value!r}): one value per key (a "
+                "* glob may cover several)", param_hint=hint)
+        found[key] = value
+    return found
 
 
 def parse_filters(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -33,10 +42,10 @@ def parse_filters(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def _pair(pair: str) -> tuple[str, str]:
+def _pair(pair: str, hint: str = "--where") -> tuple[str, str]:
     key, sep, value = pair.partition("=")
     if not sep or not key:
-        raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--where")
+        raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint=hint)
     return key.strip(), value.strip()
 
 

@@ -123,3 +123,13 @@ def test_the_help_says_what_a_repeated_key_means():
     _register()
     result = CliRunner().invoke(app, ["spend", "--help"], terminal_width=200)
     assert "matches any of its values" in " ".join(result.stdout.split())
+
+
+def test_a_silence_matcher_given_twice_for_one_key_is_refused_not_dropped():
+    from streams.commands.spend_cmd import parse_where
+
+    assert parse_where(["team=a", "env=prod", "team=a"], hint="--match") == {
+        "team": "a", "env": "prod"}
+    with pytest.raises(typer.BadParameter, match="'team' is given twice") as caught:
+        parse_where(["team=a", "team=b"], hint="--match")
+    assert caught.value.param_hint == "--match"
