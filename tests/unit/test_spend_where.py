@@ -23,7 +23,11 @@ START = T0 - 8 * HOUR  # 2026-11-30T00:00Z
 
 
 class State(InMemoryState):
-    """The in-memory store with the hourly series the Redis reader adds (for --peaks)."""
+    """The in-memory store with what the Redis reader adds for ``spend``: hourly series (for
+    --peaks) and the expired-buckets check (nothing expires in memory)."""
+
+    def short_lived_parts(self, start: float, end: float, now: float) -> list[str]:
+        return []
 
     def series(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
                start: float, end: float, step: int = 3600) -> dict[Group, dict[int, int]]:
