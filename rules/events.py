@@ -209,8 +209,25 @@ def _fold_ts(errors: list[Any]) -> list[Any]:
     return folded
 
 
+_KINDS = "usage, utilization, fault"
+# pydantic names the tagged union's own words ("discriminator", "tag"): said as the field.
+_KIND_ERRORS = {
+    "union_tag_invalid": lambda ctx: f"{ctx.get('tag')!r:.60} is not one of {_KINDS}",
+    "union_tag_not_found": lambda ctx: f"Field required (one of {_KINDS})",
+}
+
+
+def _name_kind(errors: list[Any]) -> list[Any]:
+    """A missing or unknown ``kind`` reported as the field ``kind``."""
+    return [
+        {**e, "loc": (*e["loc"], "kind"), "msg": _KIND_ERRORS[e["type"]](e.get("ctx") or {})}
+        if e["type"] in _KIND_ERRORS else e
+        for e in errors
+    ]
+
+
 def _explain(exc: ValidationError, batch: bool, limit: int = 3) -> Rejection:
-    errors = _fold_ts(exc.errors(include_url=False, include_context=False))
+    errors = _name_kind(_fold_ts(exc.errors(include_url=False)))
     first = errors[0]
     code = "invalid_json" if first["type"] == "json_invalid" else _code_for(first)
     said = [_brief(f"{_where(e['loc'], batch)}: {e['msg']}") for e in errors[:limit]]
