@@ -1,4 +1,4 @@
-"""FOCUS 1.0 billing exports → costline usage events (CONTRACT §3).
+"""FOCUS 1.0 billing exports → costline usage events (README, Events).
 
 FOCUS, the FinOps Open Cost and Usage Specification, is the billing export that AWS, Google
 Cloud, Microsoft and Oracle share. Importing it puts the clouds' own invoice lines beside the
@@ -55,7 +55,7 @@ class CostBasis(StrEnum):
         return "EffectiveCost" if self is CostBasis.effective else "BilledCost"
 
 
-# FOCUS 1.0 ServiceCategory → CONTRACT §4 category. Unknown values count as ``other``.
+# FOCUS 1.0 ServiceCategory → costline category. Unknown values count as ``other``.
 SERVICE_CATEGORIES: dict[str, Category] = {
     "ai and machine learning": Category.compute,
     "analytics": Category.database,

@@ -26,7 +26,7 @@ from connectors.kafka_security import PLAINTEXT, KafkaSecurity
 
 API_VERSIONS_KEY = 18
 TOPIC_ALREADY_EXISTS = 36
-# A batch of 10,000 events (CONTRACT §3) is a few MiB of JSON: topics and producer allow it.
+# A batch of 10,000 events (README, Events) is a few MiB of JSON: topics and producer allow it.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 

@@ -1,4 +1,4 @@
-"""Prometheus text exposition pages → utilization and usage events (CONTRACT §3).
+"""Prometheus text exposition pages → utilization and usage events (README, Events).
 
 Any exporter a cluster already runs (node-exporter, dcgm-exporter, a scheduler's exporter)
 becomes a costline source through a YAML mapping: which metric is which event, how its value

@@ -1,4 +1,4 @@
-"""The events costline counts (CONTRACT §3), and the one function that turns raw bytes into them.
+"""The events costline counts (README, Events), and the one function that turns raw bytes into them.
 
 A Kafka message value is one event object or a batch (a JSON array of up to 10,000). A
 message is accepted whole or rejected whole: a batch with one bad element is rejected with
@@ -32,7 +32,7 @@ MAX_TAGS = 32
 
 
 class Category(StrEnum):
-    """Spend categories of the price book (CONTRACT §4)."""
+    """Spend categories of the price book."""
 
     compute = "compute"
     storage = "storage"

@@ -1,4 +1,4 @@
-"""The price book (CONTRACT §4) and the arithmetic of money.
+"""The price book (``rules/prices/example.yaml`` is one) and the arithmetic of money.
 
 Money is an integer number of micro-units of the book's currency. An event's cost is rounded
 once, half to even, from the exact decimal value of the numbers the producer wrote; totals are

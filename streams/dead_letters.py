@@ -1,4 +1,4 @@
-"""The dead-letter record of a refused input message (CONTRACT §2, ``NS.dlq.v1``).
+"""The dead-letter record of a refused input message (``NS.dlq.v1``).
 
 The record keeps the exact bytes (``raw_b64``; also as text in ``raw`` when they are UTF-8 and
 small) with where they came from and why they were refused. Its key is

@@ -1,4 +1,5 @@
-"""One typed, frozen settings object: CONTRACT §1, plus the operational knobs behind it.
+"""One typed, frozen settings object: the settings of README's Configuration, plus the
+operational knobs behind them.
 
 Every field can be set from the environment (``COSTLINE_*``; the Slack ones keep their own
 names); seven also have an option of the root command (``streams.cli``). Secrets are

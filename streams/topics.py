@@ -1,4 +1,4 @@
-"""The topics of CONTRACT §2, as the settings name and size them."""
+"""The topics costline uses, as the settings name and size them."""
 
 from __future__ import annotations
 

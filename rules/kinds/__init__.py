@@ -86,7 +86,7 @@ ZONE_FIELD: Any = Field(
 
 
 class Rule(BaseModel):
-    """The keys every rule has (CONTRACT §5); each kind adds its own."""
+    """The keys every rule has (README, Rule cookbook); each kind adds its own."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

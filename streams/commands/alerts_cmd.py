@@ -24,7 +24,7 @@ def _store(ctx: typer.Context) -> Any:
 
 
 def alert_rows(book: Any) -> list[dict[str, Any]]:
-    """CONTRACT §6 ``alerts --json``: rule, group, state, severity, since, value, threshold."""
+    """``alerts --json``: rule, group, state, severity, since, value, threshold."""
     from rules.durations import rfc3339
 
     rows = []

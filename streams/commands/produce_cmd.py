@@ -40,7 +40,7 @@ from streams.topics import create_topics
 
 
 class InputTopic(StrEnum):
-    """The input topics of CONTRACT §2, by their short names."""
+    """The input topics, by their short names."""
 
     usage = "usage"
     faults = "faults"

@@ -1,4 +1,4 @@
-"""``costline rules``: validate, schema, test and backtest rule files (CONTRACT §6).
+"""``costline rules``: validate, schema, test and backtest rule files (README, Using it).
 
 Everything here is offline: these commands read files and run the pure engine, so they work
 in CI and in an editor hook without Kafka or Redis.

@@ -54,7 +54,7 @@ Filters = Mapping[str, str | Sequence[str]]
 
 def spend_report(state: Any, currency: str, by: Sequence[str], where: Filters,
                  start: float, end: float, peaks: bool = False) -> dict[str, Any]:
-    """The rows of CONTRACT §6: one per group, cost and waste, sorted by cost descending.
+    """The rows of ``spend --json``: one per group, cost and waste, sorted by cost descending.
 
     ``where`` maps a key to a glob, or to several globs any of which it may match."""
     from rules.durations import rfc3339

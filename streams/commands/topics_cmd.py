@@ -1,4 +1,4 @@
-"""``costline topics create``: the five topics of CONTRACT §2, idempotently."""
+"""``costline topics create``: the five topics costline uses, idempotently."""
 
 from __future__ import annotations
 

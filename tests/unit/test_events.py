@@ -1,4 +1,4 @@
-"""Parsing of event messages (CONTRACT §3): what is accepted, and why the rest is refused."""
+"""Parsing of event messages (README, Events): what is accepted, and why the rest is refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The price book (CONTRACT §4): exact money, charges, fault waste and positioned load errors."""
+"""The price book: exact money, charges, fault waste and positioned load errors."""
 
 from __future__ import annotations
 
