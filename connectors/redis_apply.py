@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,8 @@ FAULTS_KEPT_S = 7 * 86400
 #              addition to Redis's integers instead of summing in Lua's doubles
 #  16 limit:   the most a bucket field may hold (``SUM_LIMIT``)
 # Replies: {2} applied; {0, stored watermark}; {1, positions of counted digests};
-# {3, "<bucket key> <field>" of each sum the batch would take past the limit}.
+# {3, "<bucket key> <field>", its stored value, ... for each sum the batch would take past
+# the limit}.
 # Keys are built here from the slot tag: they all share it, so they live in the slot of
 # KEYS[1] on a Redis Cluster.
 _SCRIPT = """
@@ -95,6 +97,7 @@ local function plan(key, fields, out, big, over)
       local sum = delta + (was and tonumber(was) or 0)
       if sum >= LIMIT or sum <= -LIMIT then
         over[#over + 1] = key .. ' ' .. names[j]
+        over[#over + 1] = was or '0'
       elseif a[15] ~= 1 and (not was or #was < 16) and sum > -1e15 and sum < 1e15 then
         out[#out + 1] = names[j]
         out[#out + 1] = string.format('%.0f', sum)
@@ -183,7 +186,9 @@ if #tagsets > 0 then
   chunked('HSET', firsts, lowered, 1, #lowered)
 end
 if a[15] == 1 then
-  -- amounts too large to add exactly in Lua's doubles: let Redis add each one
+  -- amounts too large to add exactly in Lua's doubles: let Redis add each one. Amounts are
+  -- never negative (events and prices are not), so each running total stays below the one
+  -- the plan checked against the limit.
   for i = 1, #cells, 3 do
     for t = 1, 3 do
       redis.call('HINCRBY', b_keys[cells[i + 1]][t], cells[i], cells[i + 2])
@@ -246,9 +251,10 @@ class Duplicates:
 
 @dataclass(frozen=True)
 class Overflow:
-    """Nothing was written: these sums ("<bucket key> <field>") would pass ``SUM_LIMIT``."""
+    """Nothing was written: these sums would pass ``SUM_LIMIT``. Each is named
+    "<bucket key> <field>", with the value Redis holds for it."""
 
-    fields: frozenset[str]
+    stored: dict[str, int]
 
 
 Outcome = Applied | Mismatch | Duplicates | Overflow
@@ -293,17 +299,20 @@ class BatchWriter:
             known.clear()  # Redis may have lost writes: assume it knows nothing
             return Mismatch(int(reply[1]))
         if code == 3:
-            return Overflow(frozenset(_text(f) for f in reply[1]))
+            pairs = reply[1]
+            return Overflow({_text(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)})
         return Duplicates(frozenset(order[int(p)] for p in reply[1]))
 
-    def overflowing(self, slot: str, tally: Tally, fields: frozenset[str]) -> list[str]:
-        """The sums among ``fields`` (as ``Overflow`` names them) that ``tally`` adds to."""
-        hit = []
+    def additions(self, slot: str, tally: Tally, names: Collection[str]) -> dict[str, int]:
+        """What ``tally`` adds to each of the sums ``names`` (as ``Overflow`` names them)."""
+        out: dict[str, int] = {}
         for (tsid, five), measures in tally.sums.items():
-            keys = self._bucket_keys(slot, five)
-            for measure in measures:
-                hit += [name for key in keys if (name := f"{key} {tsid}:{measure}") in fields]
-        return hit
+            for key in self._bucket_keys(slot, five):
+                for measure, delta in measures.items():
+                    name = f"{key} {tsid}:{measure}"
+                    if name in names:
+                        out[name] = out.get(name, 0) + delta
+        return out
 
     def payload(self, slot: str, expected: int, new_wm: int, tally: Tally,
                 tagsets: list[tuple[str, str, int]]) -> tuple[bytes, list[bytes]]:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 from pydantic import (
     BaseModel,
@@ -209,7 +209,8 @@ def _fold_ts(errors: list[Any]) -> list[Any]:
     return folded
 
 
-_KINDS = "usage, utilization, fault"
+_KINDS = ", ".join(get_args(event.model_fields["kind"].annotation)[0]
+                   for event in (UsageEvent, UtilizationEvent, FaultEvent))
 # pydantic names the tagged union's own words ("discriminator", "tag"): said as the field.
 _KIND_ERRORS = {
     "union_tag_invalid": lambda ctx: f"{ctx.get('tag')!r:.60} is not one of {_KINDS}",

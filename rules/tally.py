@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +139,7 @@ class Folder:
         return priced
 
     def fold(self, tally: Tally, events: Iterable[AnyEvent | Priced],
-             skip: frozenset[bytes] = frozenset()) -> None:
+             skip: Set[bytes] = frozenset()) -> None:
         """Add events to ``tally``; events whose digest is in ``skip`` or already folded are
         ignored (a resend inside the same batch counts once)."""
         seen, digests = tally.seen, tally.digests

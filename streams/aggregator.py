@@ -49,6 +49,10 @@ REDIS_DOWN = (ConnectionError, TimeoutError, BusyLoadingError, OSError)
 # OOM at maxmemory, MISCONF when it cannot persist): a write is retried until it succeeds,
 # never dropped, and the worker reports Redis failing meanwhile.
 REDIS_FAILING = (RedisError, OSError)
+# Messages are refused a little below the script's limit: it compares sums in doubles, which
+# may round a sum just below the limit up to it (by far less than this), and every refusal
+# must leave sums the script accepts.
+_REFUSED_AT = SUM_LIMIT - 2**30
 
 
 class Message(Protocol):
@@ -297,7 +301,7 @@ class Aggregator:
                 window = await self._refold(state, window)
                 continue
             if isinstance(outcome, Overflow):
-                window = await self._refuse_overflowing(tp, state, window, outcome.fields)
+                window = await self._refuse_overflowing(tp, state, window, outcome.stored)
                 continue
             assert isinstance(outcome, Mismatch)
             self.metrics.inc("watermark_mismatch_total")
@@ -320,26 +324,33 @@ class Aggregator:
         return again
 
     async def _refuse_overflowing(self, tp: TP, state: PartitionState, window: Window,
-                                  fields: frozenset[str]) -> Window:
-        """Dead-letter the messages that add to a sum Redis cannot hold, then fold the rest
-        again. Every such sum has a message adding to it, so each round refuses at least one;
-        the same messages are refused again after a crash, as Redis still holds the sums."""
-        slot, kept, refused = self.slot(tp), [], 0
+                                  stored: dict[str, int]) -> Window:
+        """Dead-letter the messages that would take a sum past what it may hold, then fold the
+        rest again. Messages are added in offset order to what Redis holds: the first one that would
+        pass the limit is refused, and so is every later one that would, while those that fit
+        are counted. That depends only on Redis and the messages, not on how they were split
+        into windows, so a crash and a replay refuse the same ones."""
+        slot, sums, kept, refused = self.slot(tp), dict(stored), [], 0
+        counted = set(window.skip)  # a resend of a kept message adds nothing
         for message in window.messages:
             if message.offset <= state.applied:
                 continue
             events, accepted = await self._screen([message])
             alone = Tally()
-            self.folder.fold(alone, events, window.skip)
-            hit = self.writer.overflowing(slot, alone, fields)
-            if hit:
+            self.folder.fold(alone, events, counted)
+            adds = self.writer.additions(slot, alone, sums)
+            past = [name for name, delta in adds.items() if sums[name] + delta >= _REFUSED_AT]
+            if past:
                 refused += 1
-                await self._refuse(message, "out_of_range", _overflow_reason(hit, alone))
-            else:
-                kept += accepted
+                await self._refuse(message, "out_of_range", _overflow_reason(past, alone))
+                continue
+            for name, delta in adds.items():
+                sums[name] += delta
+            counted |= alone.seen
+            kept += accepted
         if not refused:
-            raise RuntimeError(f"no message of the window adds to the sums Redis refused: "
-                               f"{sorted(fields)[:3]}")
+            raise RuntimeError(f"no message of the window passes the sums Redis refused: "
+                               f"{sorted(stored)[:3]}")
         window.messages = kept
         return await self._refold(state, window)
 

@@ -26,6 +26,7 @@ import faust
 from faust.types import TP
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from redis.exceptions import ReadOnlyError
 
 import connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
 from connectors import bucket_zone
@@ -177,8 +178,18 @@ class Wiring:
 
         async def record_zone() -> None:
             # Recorded at start (``costline worker``); again here, for a Redis that lost it.
-            await asyncio.to_thread(bucket_zone.claim, self.sync_redis, settings.namespace,
-                                    settings.timezone)
+            # Found different (another worker recorded its own zone first), it is shown in
+            # /healthz: daily buckets are then being named in two zones.
+            try:
+                await asyncio.to_thread(bucket_zone.claim, self.sync_redis, settings.namespace,
+                                        settings.timezone)
+            except bucket_zone.ZoneMismatch as exc:
+                self.health.failing("bucket_zone", str(exc))
+                log.error("%s", exc)
+            except ReadOnlyError:
+                pass  # the aggregation's writes report it, as redis_writes
+            else:
+                self.health.recovered("bucket_zone")
         self.every(WATERMARK_CHECK_S, "zone_record", record_zone)
         return aggregator
 

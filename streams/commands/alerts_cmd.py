@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import typer
@@ -21,6 +22,22 @@ def _store(ctx: typer.Context) -> Any:
     # A Redis that never answers ends the command with an error instead of hanging it.
     return AlertStore(Redis.from_url(settings.redis_url, socket_connect_timeout=5,
                                      socket_timeout=10), settings.namespace)
+
+
+def parse_matchers(pairs: Sequence[str]) -> dict[str, str]:
+    """``--match KEY=VALUE`` (the value may be a ``*`` glob), one per key: a silence keeps one
+    glob per key, so a key given twice is refused rather than keeping only the last value."""
+    from streams.commands.spend_cmd import key_and_value
+
+    found: dict[str, str] = {}
+    for pair in pairs:
+        key, value = key_and_value(pair, "--match")
+        if key in found and found[key] != value:
+            raise typer.BadParameter(
+                f"{key!r} is given twice ({found[key]!r}, {value!r}): one value per key (a "
+                "* glob may cover several)", param_hint="--match")
+        found[key] = value
+    return found
 
 
 def alert_rows(book: Any) -> list[dict[str, Any]]:
@@ -94,10 +111,8 @@ def register(app: typer.Typer) -> None:
         by: str = typer.Option("", help="Who."),
     ) -> None:
         """Silence matching alerts until now + --for."""
-        from streams.commands.spend_cmd import parse_where
-
         seconds = _duration(duration)
-        matchers = parse_where(match, hint="--match")
+        matchers = parse_matchers(match)
         if rule is None and not matchers:
             raise typer.BadParameter("name a --rule, a --match, or both")
         made = _store(ctx).add_silence(ends_at=time.time() + seconds, rule=rule,

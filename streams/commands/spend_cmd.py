@@ -16,33 +16,19 @@ from streams.commands import command_group
 PERIODS = ("day", "week", "month")
 
 
-def parse_where(pairs: Sequence[str], hint: str = "--where") -> dict[str, str]:
-    """``KEY=VALUE`` matchers (the value may be a ``*`` glob), one per key → a match mapping.
-    A key given twice is refused: keeping only the last value would quietly drop the other."""
-    found: dict[str, str] = {}
-    for pair in pairs:
-        key, value = _pair(pair, hint)
-        if key in found and found[key] != value:
-            raise typer.BadParameter(
-                f"{key!r} is given twice ({found[key]!r}, {value!r}): one value per key (a "
-                "* glob may cover several)", param_hint=hint)
-        found[key] = value
-    return found
-
-
 def parse_filters(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """``--where`` filters: each key → the globs its value may match. Different keys must all
     match; a key given again matches any of its values (``team=a`` and ``team=b``: either
     team), where keeping only the last one would quietly drop the others."""
     found: dict[str, tuple[str, ...]] = {}
     for pair in pairs:
-        key, value = _pair(pair)
+        key, value = key_and_value(pair)
         if value not in found.get(key, ()):
             found[key] = (*found.get(key, ()), value)
     return found
 
 
-def _pair(pair: str, hint: str = "--where") -> tuple[str, str]:
+def key_and_value(pair: str, hint: str = "--where") -> tuple[str, str]:
     key, sep, value = pair.partition("=")
     if not sep or not key:
         raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint=hint)
@@ -203,16 +189,17 @@ def register(app: typer.Typer) -> None:
             _table(report, keys)
 
 
-_KEPT = {"1h": "hourly buckets are kept 35 days", "5m": "5-minute buckets are kept 48 hours"}
-
-
 def _warn_if_short(state: Any, start: float, end: float) -> None:
     """Say so when part of the period comes from buckets that may have expired (on stderr,
     so ``--json`` stays machine-readable)."""
+    from connectors.redis_keys import Retention
+
+    kept = {"1h": f"hourly buckets are kept {Retention.hour // 86400} days",
+            "5m": f"5-minute buckets are kept {Retention.five_min // 3600} hours"}
     parts = state.short_lived_parts(start, end, time.time())
     if parts:
         typer.echo(f"costline spend: warning: this period's edges are not whole days in the zone "
                    f"the buckets are kept in and are read from finer buckets ("
-                   f"{'; '.join(_KEPT[p] for p in parts)}): the totals may be short. Ask in "
+                   f"{'; '.join(kept[p] for p in parts)}): the totals may be short. Ask in "
                    f"the recorded zone (docs/OPERATIONS.md, Time zone) for an exact answer.",
                    err=True)

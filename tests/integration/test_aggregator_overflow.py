@@ -33,20 +33,29 @@ def usage(event_id: str, cost: float, team: str) -> dict[str, object]:
             "tags": {"team": team}}
 
 
-async def test_a_message_past_what_a_sum_holds_is_refused_and_the_rest_counted(
-        redis_writer: Writer, namespace: str) -> None:
-    writer: BatchWriter = redis_writer.writer
-    letters: list[dict[str, object]] = []
-
+def aggregator(writer: BatchWriter, namespace: str, letters: list[dict[str, object]]
+               ) -> Aggregator:
     async def dead(key: bytes, value: bytes) -> None:
         letters.append(json.loads(value))
 
     async def seek(topic: str, partition: int, offset: int) -> None:
         raise AssertionError("no seek expected")
 
-    agg = Aggregator(namespace=namespace, sources={TOPIC: "usage"}, writer=writer,
-                     folder=Folder(PriceBook.load(DEFAULT_PRICES)), send_dead_letter=dead,
-                     seek=seek, metrics=Metrics(), health=Health())
+    return Aggregator(namespace=namespace, sources={TOPIC: "usage"}, writer=writer,
+                      folder=Folder(PriceBook.load(DEFAULT_PRICES)), send_dead_letter=dead,
+                      seek=seek, metrics=Metrics(), health=Health())
+
+
+async def day_costs(writer: BatchWriter, slot: str) -> list[int]:
+    day = await writer.redis.hgetall(bucket_key(slot, "1d", "2026-01-01"))
+    return sorted(int(value) for field, value in day.items() if field.endswith(b":c"))
+
+
+async def test_a_message_past_what_a_sum_holds_is_refused_and_the_rest_counted(
+        redis_writer: Writer, namespace: str) -> None:
+    writer: BatchWriter = redis_writer.writer
+    letters: list[dict[str, object]] = []
+    agg = aggregator(writer, namespace, letters)
     # 10,000 events at the most one event may cost (10^9 each, 10^15 micro-units): their sum,
     # 10^19 micro-units, is more than Redis's integers hold.
     huge = json.dumps([usage(f"h{i}", 1e9, "big") for i in range(10_000)]).encode()
@@ -59,8 +68,26 @@ async def test_a_message_past_what_a_sum_holds_is_refused_and_the_rest_counted(
     assert await writer.watermark(slot) == 2
     assert [(letter["offset"], letter["code"]) for letter in letters] == [(1, "out_of_range")]
     assert "spend of" in str(letters[0]["reason"]) and '"team":"big"' in str(letters[0]["reason"])
-    day = await writer.redis.hgetall(bucket_key(slot, "1d", "2026-01-01"))
-    costs = {field.decode(): int(value) for field, value in day.items()
-             if field.endswith(b":c")}
-    assert sorted(costs.values()) == [4_000_000]  # only the two small events, 2.5 + 1.5
+    assert await day_costs(writer, slot) == [4_000_000]  # only the two small events
     assert agg.health.ok
+
+
+@pytest.mark.parametrize("takes", [[[0, 1, 2]], [[0], [1], [2]]], ids=["one-take", "three"])
+async def test_the_message_that_would_pass_the_limit_is_refused_however_they_are_taken(
+        redis_writer: Writer, namespace: str, takes: list[list[int]]) -> None:
+    writer: BatchWriter = redis_writer.writer
+    letters: list[dict[str, object]] = []
+    agg = aggregator(writer, namespace, letters)
+    # 9,199 × 10^15 micro-units, then two messages of 5 × 10^14: the first still fits under
+    # the limit (9.2 × 10^18), the second would reach it.
+    messages = [json.dumps([usage(f"f{i}", 1e9, "big") for i in range(9_199)]).encode(),
+                json.dumps(usage("m1", 5e8, "big")).encode(),
+                json.dumps(usage("m2", 5e8, "big")).encode()]
+    for take in takes:
+        await agg.handle([Msg(offset, messages[offset]) for offset in take])
+        await agg.flush()
+
+    slot = slot_tag(namespace, "usage", 0)
+    assert await writer.watermark(slot) == 2
+    assert [letter["offset"] for letter in letters] == [2]
+    assert await day_costs(writer, slot) == [9_199 * 10**15 + 5 * 10**14]

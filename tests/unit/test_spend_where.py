@@ -130,10 +130,10 @@ def test_the_help_says_what_a_repeated_key_means():
 
 
 def test_a_silence_matcher_given_twice_for_one_key_is_refused_not_dropped():
-    from streams.commands.spend_cmd import parse_where
+    from streams.commands.alerts_cmd import parse_matchers
 
-    assert parse_where(["team=a", "env=prod", "team=a"], hint="--match") == {
+    assert parse_matchers(["team=a", "env=prod", "team=a"]) == {
         "team": "a", "env": "prod"}
     with pytest.raises(typer.BadParameter, match="'team' is given twice") as caught:
-        parse_where(["team=a", "team=b"], hint="--match")
+        parse_matchers(["team=a", "team=b"])
     assert caught.value.param_hint == "--match"
