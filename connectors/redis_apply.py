@@ -23,6 +23,7 @@ from connectors.redis_keys import (
     Calendar,
     Retention,
     bucket_key,
+    decoded,
     slots_key,
     wm_key,
 )
@@ -299,8 +300,8 @@ class BatchWriter:
             known.clear()  # Redis may have lost writes: assume it knows nothing
             return Mismatch(int(reply[1]))
         if code == 3:
-            pairs = reply[1]
-            return Overflow({_text(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)})
+            names, values = reply[1][::2], reply[1][1::2]
+            return Overflow({decoded(n): int(v) for n, v in zip(names, values, strict=True)})
         return Duplicates(frozenset(order[int(p)] for p in reply[1]))
 
     def additions(self, slot: str, tally: Tally, names: Collection[str]) -> dict[str, int]:
@@ -338,10 +339,6 @@ class BatchWriter:
         """The 5-minute, hourly and daily buckets a 5-minute slot's sums are added to."""
         return (bucket_key(tag, "5m", slot), bucket_key(tag, "1h", slot - slot % 3600),
                 bucket_key(tag, "1d", self.calendar.date_of(slot)))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _seen(tally: Tally) -> tuple[list[Any], list[bytes]]:

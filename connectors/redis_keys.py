@@ -33,6 +33,11 @@ class Retention:
     day: int = 400 * 86400
 
 
+def decoded(value: bytes | str) -> str:
+    """A key, field or value as Redis returned it (bytes unless the client decodes) → text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def slot_tag(namespace: str, source: str, partition: int) -> str:
     return f"{{{namespace}:{source}:{partition}}}"
 

@@ -23,6 +23,7 @@ from connectors.redis_keys import (
     Retention,
     bucket_key,
     cover,
+    decoded,
     faults_key,
     first_seen_key,
     history_key,
@@ -49,10 +50,6 @@ local counts = {}
 for i, key in ipairs(KEYS) do counts[i] = redis.call('SCARD', key) end
 return counts
 """
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class RedisState:
@@ -85,8 +82,12 @@ class RedisState:
             self._recorded_calendar = Calendar(zone)
         return self._recorded_calendar
 
+    def _firsts(self, slot: str) -> dict[str, int]:
+        """Tag set id → start of its oldest 5-minute slot, of one partition slot."""
+        return {decoded(k): int(v) for k, v in self.redis.hgetall(first_seen_key(slot)).items()}
+
     def slots(self) -> list[str]:
-        return sorted(_text(s) for s in self.redis.smembers(slots_key(self.namespace)))
+        return sorted(decoded(s) for s in self.redis.smembers(slots_key(self.namespace)))
 
     def _tagsets(self, slot: str, wanted: Iterable[str]) -> None:
         missing = [t for t in set(wanted) if (slot, t) not in self._dims]
@@ -145,7 +146,7 @@ class RedisState:
         measure)."""
         out: dict[Dimensions, float] = {}
         for slot in self.slots():
-            firsts = {_text(k): int(v) for k, v in self.redis.hgetall(first_seen_key(slot)).items()}
+            firsts = self._firsts(slot)
             self._tagsets(slot, firsts)
             for tsid, first in firsts.items():
                 key = self._key_of(self._dims[(slot, tsid)])
@@ -208,7 +209,7 @@ class RedisState:
             wanted: list[tuple[str, str, int]] = []
             for fields in hashes:
                 for field, value in fields.items():
-                    tsid, _, code = _text(field).partition(":")
+                    tsid, _, code = decoded(field).partition(":")
                     wanted.append((tsid, code, int(value)))
             self._tagsets(slot, (t for t, _, _ in wanted))
             yield from self._select(slot, measure, wanted)
@@ -240,10 +241,10 @@ class RedisState:
             util: dict[bytes, bytes] = self.redis.hgetall(util_key(slot))  # type: ignore[assignment]
             wanted: list[str] = []
             for field, raw in util.items():
-                resource_id, _, sample_metric = _text(field).partition("\t")
+                resource_id, _, sample_metric = decoded(field).partition("\t")
                 if sample_metric != metric:
                     continue
-                latest = json.loads(_text(raw).split("|", 1)[1])
+                latest = json.loads(decoded(raw).split("|", 1)[1])
                 dims = {**latest["tags"], "resource_type": latest["resource_type"]}
                 if not matches(match, dims):
                     continue
@@ -265,7 +266,7 @@ class RedisState:
     def earliest(self, measure: Measure, match: Mapping[str, str]) -> float | None:
         oldest: float | None = None
         for slot in self.slots():
-            firsts = {_text(k): int(v) for k, v in self.redis.hgetall(first_seen_key(slot)).items()}
+            firsts = self._firsts(slot)
             self._tagsets(slot, firsts)
             for tsid, first in firsts.items():
                 if matches(match, self._dims[(slot, tsid)]) and (oldest is None or first < oldest):
@@ -277,7 +278,7 @@ class RedisState:
         """``earliest`` of every group at once (one pass instead of one per group)."""
         found: dict[Group, float] = {}
         for slot in self.slots():
-            firsts = {_text(k): int(v) for k, v in self.redis.hgetall(first_seen_key(slot)).items()}
+            firsts = self._firsts(slot)
             self._tagsets(slot, firsts)
             for tsid, first in firsts.items():
                 dims = self._dims[(slot, tsid)]
@@ -301,7 +302,7 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
     waste); the other measures' fields are skipped without being decoded."""
     if measure == "waste":
         for field, value in fields.items():
-            tsid, _, fault = _text(field).partition(":w:")
+            tsid, _, fault = decoded(field).partition(":w:")
             if fault:
                 name = f"{tsid}\t{fault}"
                 sums[name] = sums.get(name, 0) + int(value)
@@ -323,7 +324,7 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
 def _points(members: list[bytes]) -> list[tuple[float, float]]:
     points = []
     for member in members:
-        ts, _, value = _text(member).partition(":")
+        ts, _, value = decoded(member).partition(":")
         points.append((float(ts), float(value)))
     return points
 

@@ -27,13 +27,24 @@ def _until_kafka_answers(bootstrap: str, step: Callable[[], object]) -> None:
 
     from connectors.kafka import KafkaUnavailable, TopicError
 
+    _until_answers(f"Kafka at {bootstrap}", step,
+                   (KafkaUnavailable, TopicError, KafkaError, OSError))
+
+
+def _until_answers(what: str, step: Callable[[], object],
+                   away: tuple[type[BaseException], ...],
+                   final: tuple[type[BaseException], ...] = ()) -> None:
+    """Run ``step``, waiting with backoff while it fails with one of ``away``; one of ``final``
+    (which may subclass them, as a refused login does) is raised at once."""
     delay = 0.5
     while True:
         try:
             step()
             return
-        except (KafkaUnavailable, TopicError, KafkaError, OSError) as exc:
-            typer.echo(f"costline worker: waiting for Kafka at {bootstrap}: {exc}", err=True)
+        except final:
+            raise
+        except away as exc:
+            typer.echo(f"costline worker: waiting for {what}: {exc}", err=True)
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
 
@@ -45,24 +56,19 @@ def claim_bucket_zone(settings: Settings) -> None:
     from redis import Redis, exceptions
 
     from connectors import bucket_zone
+    from streams.aggregator import REDIS_DOWN
 
     redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
-    delay = 0.5
+    refusals = (bucket_zone.ZoneMismatch, exceptions.AuthenticationError)
     try:
-        while True:
-            try:
-                bucket_zone.claim(redis, settings.namespace, settings.timezone)
-                return
-            except (bucket_zone.ZoneMismatch, exceptions.AuthenticationError) as exc:
-                # Waiting would change neither the recorded zone nor the password.
-                typer.echo(f"costline worker: {exc}", err=True)
-                raise typer.Exit(2) from exc
-            except (exceptions.ConnectionError, exceptions.TimeoutError,
-                    exceptions.BusyLoadingError, OSError) as exc:
-                # The URL is not repeated: it may carry a password.
-                typer.echo(f"costline worker: waiting for Redis: {exc}", err=True)
-            time.sleep(delay)
-            delay = min(delay * 2, 10.0)
+        # The URL is not repeated: it may carry a password.
+        _until_answers("Redis", lambda: bucket_zone.claim(redis, settings.namespace,
+                                                          settings.timezone),
+                       REDIS_DOWN, final=refusals)
+    except refusals as exc:
+        # Waiting would change neither the recorded zone nor the password.
+        typer.echo(f"costline worker: {exc}", err=True)
+        raise typer.Exit(2) from exc
     finally:
         redis.close()
 
