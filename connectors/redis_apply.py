@@ -11,7 +11,6 @@ watermark, and the worker seeks back to it.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -342,12 +341,9 @@ class BatchWriter:
 
 
 def _seen(tally: Tally) -> tuple[list[Any], list[bytes]]:
-    by_hour: dict[int, list[bytes]] = defaultdict(list)
-    for digest, hour in tally.digests:
-        by_hour[hour].append(digest)
     flat: list[Any] = []
     order: list[bytes] = []
-    for hour, digests in by_hour.items():
+    for hour, digests in tally.digests.items():
         flat += [hour, digests]
         order += digests
     return flat, order

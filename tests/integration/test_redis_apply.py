@@ -34,7 +34,7 @@ def _tally(cells: dict[tuple[str, int], dict[str, int]], ids: list[str]) -> Tall
         tsid, canonical = _tagset(team)
         tally.tagsets[tsid] = canonical
         tally.sums[(tsid, slot)] = dict(measures)
-    tally.digests = [(event_digest(i), T0) for i in ids]
+    tally.digests = {T0: [event_digest(i) for i in ids]} if ids else {}
     tally.events = len(ids)
     return tally
 

@@ -46,10 +46,10 @@ class MemoryWriter:
         self.calls += 1
         if self.wm.get(slot, -1) != expected:
             return Mismatch(self.wm.get(slot, -1))
-        dups = frozenset(d for d, _ in tally.digests if d in self.seen)
+        dups = frozenset(d for ds in tally.digests.values() for d in ds if d in self.seen)
         if dups:
             return Duplicates(dups)
-        self.seen.update(d for d, _ in tally.digests)
+        self.seen.update(d for ds in tally.digests.values() for d in ds)
         self.cost[slot] = self.cost.get(slot, 0) + sum(
             cell.get("c", 0) for cell in tally.sums.values())
         self.wm[slot] = new_wm

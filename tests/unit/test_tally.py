@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rules
-from rules.events import Parsed, parse_message
-from rules.prices import PriceBook, PricingError
+from rules.events import Category, Parsed, parse_message
+from rules.prices import Billing, PriceBook, PricingError
 from rules.tally import (
     COST,
     QUANTITY,
@@ -90,7 +90,7 @@ def test_a_usage_event_adds_its_cost_and_quantity_to_its_tag_set_and_slot(folder
                                     "category": "compute", "resource_type": "gpu.h100",
                                     "billing": "elastic"}
     assert tally.events == 1
-    assert tally.digests == [(event_digest("u-1"), T0 // 3600 * 3600)]
+    assert tally.digests == {T0 // 3600 * 3600: [event_digest("u-1")]}
 
 
 def test_usage_events_of_one_tag_set_and_slot_are_summed(folder):
@@ -155,7 +155,7 @@ def test_the_same_event_id_twice_in_one_fold_counts_once(folder):
     [cell] = tally.sums.values()
     assert cell == {COST: H100_8H, QUANTITY: 8_000_000}
     assert tally.events == 1
-    assert len(tally.digests) == 1
+    assert sum(map(len, tally.digests.values())) == 1
 
 
 def test_an_event_folded_again_into_the_same_tally_counts_once(folder):
@@ -179,7 +179,7 @@ def test_skip_excludes_the_events_whose_digest_it_holds(folder):
     [cell] = tally.sums.values()
     assert cell == {COST: 2_490_000, QUANTITY: 1_000_000}
     assert tally.events == 1
-    assert [d for d, _ in tally.digests] == [event_digest("u-2")]
+    assert list(tally.digests.values()) == [[event_digest("u-2")]]
     assert tally.faults == []
 
 
@@ -201,6 +201,15 @@ def test_tag_sets_with_the_same_tags_in_another_order_have_the_same_id(folder):
     [(tsid, _)] = tally.sums
     assert tally.sums[(tsid, T0)][COST] == 2 * 2_490_000
     assert fold(Folder(folder.prices), [second]).tagsets == {tsid: tally.tagsets[tsid]}
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.text(min_size=1, max_size=12), st.text(max_size=40), max_size=12))
+def test_tagset_json_is_the_text_json_dumps_gives(dims):
+    # Tag set ids are digests of this text and live in Redis: it may never change.
+    dims = {**dims, "category": Category.compute, "billing": Billing.fixed}  # str enums too
+    assert tagset_json(dims) == json.dumps(dims, sort_keys=True, separators=(",", ":"),
+                                           ensure_ascii=False)
 
 
 def test_tagset_json_is_canonical_and_its_id_is_stable():
@@ -270,3 +279,26 @@ def test_price_names_the_first_event_the_book_cannot_price(folder):
         folder.price(events)
     assert caught.value.code == "unknown_resource_type"
     assert caught.value.reason.startswith("event 2: field resource_type: ")
+
+
+def test_a_popular_tag_set_stays_known_however_many_rare_ones_pass(folder, monkeypatch):
+    import rules.tally as tally_module
+
+    worked_out: list[str] = []
+
+    def counted(dims: Any) -> str:
+        canonical = tagset_json(dims)
+        worked_out.append(canonical)
+        return canonical
+
+    monkeypatch.setattr(tally_module, "_TAGSET_CACHE_MAX", 10)
+    monkeypatch.setattr(tally_module, "tagset_json", counted)
+    tally = Tally()
+    for n in range(200):  # the popular tag set between every two rare ones
+        folder.fold(tally, [usage(event_id=f"p-{n}"),
+                            usage(event_id=f"r-{n}", tags={"team": f"rare-{n}"})])
+    popular = [c for c in worked_out if "llm-70b" in c]
+    assert len(popular) == 1
+    assert len(worked_out) == 201  # each rare one once: none is seen again
+    assert len(folder._ids) <= 10 and len(folder._older) <= 10
+    assert tally.events == 400
