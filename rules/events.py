@@ -70,8 +70,8 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 RFC3339 = (
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 )
-# Numbers first: most producers send them, and each form the union tries in vain costs an
-# error object in pydantic's core.
+# Numbers first (the Slurm and Prometheus collectors and the demo send numbers, the FOCUS import
+# strings): each form the union tries in vain costs an error object in pydantic's core.
 Timestamp = Annotated[
     int
     | Annotated[float, Field(allow_inf_nan=False)]

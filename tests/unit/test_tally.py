@@ -282,8 +282,6 @@ def test_price_names_the_first_event_the_book_cannot_price(folder):
 
 
 def test_a_popular_tag_set_stays_known_however_many_rare_ones_pass(folder, monkeypatch):
-    import rules.tally as tally_module
-
     worked_out: list[str] = []
 
     def counted(dims: Any) -> str:
@@ -291,8 +289,8 @@ def test_a_popular_tag_set_stays_known_however_many_rare_ones_pass(folder, monke
         worked_out.append(canonical)
         return canonical
 
-    monkeypatch.setattr(tally_module, "_TAGSET_CACHE_MAX", 10)
-    monkeypatch.setattr(tally_module, "tagset_json", counted)
+    monkeypatch.setattr(rules.tally, "_TAGSET_CACHE_MAX", 10)
+    monkeypatch.setattr(rules.tally, "tagset_json", counted)
     tally = Tally()
     for n in range(200):  # the popular tag set between every two rare ones
         folder.fold(tally, [usage(event_id=f"p-{n}"),
