@@ -18,10 +18,17 @@ timed from the first fetched message to the last one handled:
 (b) Faust no-op: ``streams.app.build_app`` in its own consumer group with the aggregator's
     ``handle`` replaced by a no-op, so Faust's settings and the agent (``take_events``) are the
     worker's own (the rest of the app, e.g. its timers, runs too, over an empty namespace);
+(b') plain Faust agent: an agent as Faust's own examples write one (``async for`` over the
+    stream, one event at a time, no ``take_events``), on the worker's Faust settings, in its
+    own consumer group; it does nothing with a message;
 (c) costline: the real worker (``build_app``), done when every partition's Redis watermark
     ``{ns:usage:P}:wm`` reaches the topic's end offset.
 
-It prints events/s, CPU per event, the ratios c/a and c/b, the worker's peak RSS (VmHWM) and
+(b) is the stricter baseline for costline (the same agent, less costline's own work); (b')
+is the usual shape of a Faust agent, against which Faust's per-message cost on a machine can
+be compared with figures measured elsewhere.
+
+It prints events/s, CPU per event, the ratios c/a, c/b and c/b', the worker's peak RSS (VmHWM) and
 the CPU and peak RSS of its rule evaluation process (a child of the worker), Redis memory of
 the namespace per distinct tag set, and checks that Redis's total equals the generator's
 (``PriceBook.charge``, to the micro-unit). The machine's load during each window is printed
@@ -585,23 +592,25 @@ async def ceiling(a: argparse.Namespace, probe: Probe) -> None:
         await consumer.stop()
 
 
-def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
+def own_group(suffix: str) -> None:
+    """Every ``faust.App`` built from now on gets its own consumer group: ``<id>-<suffix>``
+    (``build_app`` and ``faust_app`` call ``faust.App(...)``)."""
     import faust
+
+    base = faust.App
+
+    class OwnGroupApp(base):  # type: ignore[misc, valid-type]
+        def __init__(self, id: str, **kwargs: Any) -> None:
+            super().__init__(f"{id}-{suffix}", **kwargs)
+
+    faust.App = OwnGroupApp
+
+
+def time_first_fetch(a: argparse.Namespace, probe: Probe) -> None:
+    """Start the probe's clock at the first fetched message: one check per fetch, not per
+    message. With ``--go``, fetch nothing until the parent says go."""
     from faust.transport import consumer as faust_consumer
 
-    from streams.settings import Settings
-
-    if noop:
-        # Same app, settings and agent as the worker, in its own consumer group.
-        base = faust.App
-
-        class NoopApp(base):  # type: ignore[misc, valid-type]
-            def __init__(self, id: str, **kwargs: Any) -> None:
-                super().__init__(f"{id}-noop", **kwargs)
-
-        faust.App = NoopApp  # build_app calls faust.App(...)
-
-    # The first fetched message: one check per fetch, not per message.
     wait_next = faust_consumer.Consumer._wait_next_records
     gate = {"path": f"{a.go}.fetch" if a.go else None}
 
@@ -619,6 +628,41 @@ def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
         return records, active
 
     faust_consumer.Consumer._wait_next_records = _wait_next_records
+
+
+def run_plain(a: argparse.Namespace, probe: Probe) -> None:
+    """(b'): ``async for`` over the stream's events, doing nothing with them."""
+    import faust
+
+    from streams.app import faust_app
+    from streams.settings import Settings
+
+    own_group("plain")
+    time_first_fetch(a, probe)
+    settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=a.ns,
+                        web_port=a.port, partitions=a.partitions)
+    app = faust_app(settings)
+    source = app.topic(settings.topic("usage"), value_serializer="raw", key_serializer="raw")
+
+    @app.agent(source)
+    async def plain(stream: Any) -> None:
+        async for event in stream.events():
+            probe.calls += 1
+            probe.messages += 1
+            probe.saw(event.message.partition, event.message.offset)
+            probe.finish()
+
+    faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+
+
+def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
+    import faust
+
+    from streams.settings import Settings
+
+    if noop:
+        own_group("noop")  # same app, settings and agent as the worker
+    time_first_fetch(a, probe)
 
     from streams.app import build_app
 
@@ -682,6 +726,8 @@ def child_main(a: argparse.Namespace) -> None:
     probe = Probe(a.out, ends, a.child_profile, a.profile_out)
     if a.role == "ceiling":
         asyncio.run(ceiling(a, probe))
+    elif a.role == "plain":
+        run_plain(a, probe)
     else:
         run_faust(a, probe, noop=a.role == "noop")
 
@@ -799,6 +845,15 @@ class Bench:
         finally:
             child.stop()
 
+    def run_plain(self, ns: str, topic: str, ends: dict[int, int], tag: str) -> dict[str, Any]:
+        label = f"(b') plain Faust agent [{tag}]"
+        log(f"{label}: async for over the stream, on the worker's Faust settings")
+        child = self.spawn("plain", ns, topic, ends, f"plain-{tag}")
+        try:
+            return self.wait(child, label, sum(ends.values()))
+        finally:
+            child.stop()
+
     def run_worker(self, ns: str, topic: str, ends: dict[int, int], tag: str,
                    profile: str | None = None, rules: Path | None = None) -> dict[str, Any]:
         from redis import Redis
@@ -899,6 +954,7 @@ class Bench:
                 raise RuntimeError(f"ceiling parsed {entry['a']['events']} events, "
                                    f"{entry['a']['rejected']} rejected: the data set is bad")
             entry["b"] = self.run_noop(ns, topic, ends, case)
+            entry["b_plain"] = self.run_plain(ns, topic, ends, case)
             used_before = redis_info(a.redis_url)["used_memory"]
             entry["c"] = self.run_worker(ns, topic, ends, case)
             entry["redis_memory"] = namespace_memory(a.redis_url, ns)
@@ -910,14 +966,18 @@ class Bench:
             entry["dead_letters"] = sum(dlq.values())
             log(f"[{case}] total check: redis {total:,} vs expected "
                 f"{expected:,} -> {'OK' if entry['total']['ok'] else 'MISMATCH'}")
-            for k in ("a", "b", "c"):
+            for k in ("a", "b", "b_plain", "c"):
                 entry[k]["events_per_s"] = n_events / entry[k]["elapsed_s"]
                 entry[k]["messages_per_s"] = entry["messages"] / entry[k]["elapsed_s"]
                 entry[k]["cpu_us_per_event"] = 1e6 * entry[k]["cpu_s"] / n_events
             entry["c_over_a"] = entry["c"]["events_per_s"] / entry["a"]["events_per_s"]
             entry["c_over_b"] = entry["c"]["events_per_s"] / entry["b"]["events_per_s"]
+            entry["c_over_b_plain"] = (entry["c"]["events_per_s"]
+                                       / entry["b_plain"]["events_per_s"])
             log(f"[{case}] a {entry['a']['events_per_s']:,.0f} ev/s, b "
-                f"{entry['b']['events_per_s']:,.0f} ev/s, c {entry['c']['events_per_s']:,.0f} ev/s")
+                f"{entry['b']['events_per_s']:,.0f} ev/s, b' "
+                f"{entry['b_plain']['events_per_s']:,.0f} ev/s, c "
+                f"{entry['c']['events_per_s']:,.0f} ev/s")
         if scaling is not None:
             report["scaling"] = self.run_scaling(*scaling, data, scale_events)
         if a.without_rules:
@@ -1354,6 +1414,7 @@ def print_table(rep: dict[str, Any]) -> None:
     rule()
     for key, label in (("a", "(a) ceiling: aiokafka + parse   ev/s"),
                        ("b", "(b) Faust no-op agent           ev/s"),
+                       ("b_plain", "(b') plain Faust agent          ev/s"),
                        ("c", "(c) costline end to end         ev/s")):
         e = [cases[n][key] for n in names]
         row(label, [f"{x['events_per_s']:,.0f}" for x in e])
@@ -1370,6 +1431,7 @@ def print_table(rep: dict[str, Any]) -> None:
     rule()
     row("c/a", [f"{cases[n]['c_over_a']:.3f}" for n in names])
     row("c/b", [f"{cases[n]['c_over_b']:.3f}" for n in names])
+    row("c/b'", [f"{cases[n]['c_over_b_plain']:.3f}" for n in names])
     row("worker peak RSS (VmHWM)",
         [f"{cases[n]['c'].get('parent_VmHWM', cases[n]['c'].get('VmHWM', 0)) / 1024:.0f} MiB"
          for n in names])
@@ -1560,7 +1622,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)
     p.add_argument("--redis-url", default=DEFAULT_REDIS)
     # internal: the consumer subprocesses
-    p.add_argument("--role", choices=("ceiling", "noop", "worker"), help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=("ceiling", "noop", "plain", "worker"), help=argparse.SUPPRESS)
     p.add_argument("--ns", help=argparse.SUPPRESS)
     p.add_argument("--topic", help=argparse.SUPPRESS)
     p.add_argument("--ends", help=argparse.SUPPRESS)

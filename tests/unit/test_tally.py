@@ -228,6 +228,23 @@ def test_different_tag_values_make_different_tag_sets(folder):
     assert sorted(dims_of(tally, tsid)["team"] for tsid, _ in tally.sums) == ["a", "b"]
 
 
+@pytest.mark.parametrize("tags", [
+    [{"a": "b", "c": "d"}, {"a": "c", "b": "d"}],  # the same strings, keys and values apart
+    [{"a": "b"}, {"b": "a"}],
+    [{"team": "x"}, {"env": "x"}],  # the same values
+    [{"team": "t"}, {"team": "t", "env": "t"}],
+])
+def test_tag_sets_that_share_their_strings_are_told_apart(folder, tags):
+    # the cache of tag-set ids is keyed by the keys, then the values, in one flat tuple
+    tally = fold(folder, [usage(event_id=f"e-{n}", tags=t) for n, t in enumerate(tags)])
+    def text(dims: dict[str, str]) -> str:
+        return json.dumps(dims, sort_keys=True)
+
+    assert sorted(text(dims_of(tally, tsid)) for tsid, _ in tally.sums) == sorted(
+        text({**t, "category": "compute", "resource_type": "gpu.h100", "billing": "elastic"})
+        for t in tags)
+
+
 def test_pseudo_tags_win_over_tags_of_the_same_name(folder):
     tags = {"team": "t", "category": "mine", "resource_type": "fake", "billing": "free"}
     tally = fold(folder, [usage(tags=tags), fault(tags=tags)])
