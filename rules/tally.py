@@ -157,32 +157,40 @@ class Folder:
              skip: Set[bytes] = frozenset()) -> None:
         """Add events to ``tally``; events whose digest is in ``skip`` or already folded are
         ignored (a resend inside the same batch counts once)."""
-        seen, digests = tally.seen, tally.digests
-        folders = _FOLDERS
+        seen, digests, sums, tagsets = tally.seen, tally.digests, tally.sums, tally.tagsets
+        folders, tagset = _FOLDERS, self._tagset
         for item in events:
             priced = item if type(item) is Priced else self.price([item])[0]  # type: ignore[list-item]
             digest = priced.digest
             if digest in skip or digest in seen:
                 continue
             seen.add(digest)
-            folders[type(priced.event)](self, tally, priced)
-            hour = int(priced.ts // 3600) * 3600
+            event = priced.event
+            slot = int(priced.ts // SLOT_S) * SLOT_S
+            if type(event) is UsageEvent:
+                # Nearly every event is usage, so it is folded right here, without the two
+                # calls the other kinds cost (their folder, then ``Tally.cell``): 3.22
+                # against 3.52 µs per event for this loop (timeit, 4 alternations).
+                charge: Charge = priced.amount  # type: ignore[assignment]
+                tsid, canonical = tagset(event.tags, event.resource_type, charge.category,
+                                         charge.billing)
+                tagsets[tsid] = canonical
+                cell = sums.get((tsid, slot))
+                if cell is None:
+                    sums[(tsid, slot)] = {COST: charge.cost_micro,
+                                          QUANTITY: charge.quantity_micro}
+                else:  # a fault of the same tag set may have made the cell
+                    cell[COST] = cell.get(COST, 0) + charge.cost_micro
+                    cell[QUANTITY] = cell.get(QUANTITY, 0) + charge.quantity_micro
+            else:
+                folders[type(event)](self, tally, priced)
+            hour = slot - slot % 3600  # an hour is twelve whole slots
             hourly = digests.get(hour)
             if hourly is None:
                 digests[hour] = [digest]
             else:
                 hourly.append(digest)
         tally.events = len(seen)
-
-    def _usage(self, tally: Tally, priced: Priced) -> None:
-        event: UsageEvent = priced.event  # type: ignore[assignment]
-        charge: Charge = priced.amount  # type: ignore[assignment]
-        tsid, canonical = self._tagset(event.tags, event.resource_type, charge.category,
-                                       charge.billing)
-        tally.tagsets[tsid] = canonical
-        cell = tally.cell(tsid, priced.ts)
-        cell[COST] = cell.get(COST, 0) + charge.cost_micro
-        cell[QUANTITY] = cell.get(QUANTITY, 0) + charge.quantity_micro
 
     def _fault(self, tally: Tally, priced: Priced) -> None:
         event: FaultEvent = priced.event  # type: ignore[assignment]
@@ -208,8 +216,8 @@ _PRICERS: dict[type, Callable[[PriceBook, Any], Any]] = {
     UtilizationEvent: lambda book, event: None,
 }
 
+# How each kind but usage is folded (``Folder.fold`` folds usage itself).
 _FOLDERS: dict[type, Callable[[Folder, Tally, Priced], None]] = {
-    UsageEvent: Folder._usage,
     FaultEvent: Folder._fault,
     UtilizationEvent: Folder._utilization,
 }

@@ -119,9 +119,10 @@ def test_a_fault_adds_its_waste_under_its_fault_type_and_no_cost(folder):
     assert json.loads(text)["event_id"] == "f-3"
 
 
-def test_waste_and_cost_of_the_same_tags_share_a_cell(folder):
-    tally = fold(folder, [usage(), fault(fault="oom", units=1, lost_seconds=3600,
-                                         recovery_seconds=0)])
+@pytest.mark.parametrize("fault_first", [False, True])
+def test_waste_and_cost_of_the_same_tags_share_a_cell(folder, fault_first):
+    events = [usage(), fault(fault="oom", units=1, lost_seconds=3600, recovery_seconds=0)]
+    tally = fold(folder, events[::-1] if fault_first else events)
     [cell] = tally.sums.values()
     assert cell == {COST: H100_8H, QUANTITY: 8_000_000, "w:oom": 2_490_000}
 
