@@ -28,13 +28,13 @@ timed from the first fetched message to the last one handled:
 is the usual shape of a Faust agent, against which Faust's per-message cost on a machine can
 be compared with figures measured elsewhere.
 
-It prints events/s, CPU per event, the ratios c/a, c/b and c/b', the worker's peak RSS (VmHWM) and
-the CPU and peak RSS of its rule evaluation process (a child of the worker), Redis memory of
-the namespace per distinct tag set, and checks that Redis's total equals the generator's
-(``PriceBook.charge``, to the micro-unit). The machine's load during each window is printed
-too: other work on the machine shows there. ``--without-rules`` adds a pass of the batched
-worker with an empty rule directory; ``--profile`` a pass under a sampling profiler, with its
-hotspots (neither is part of the table's figures).
+It prints events/s, CPU per event, the ratios c/a, c/b and c/b', the worker's peak RSS
+(VmHWM) and the CPU and peak RSS of its rule evaluation process (a child of the worker), Redis
+memory of the namespace per distinct tag set, and checks that Redis's total equals the
+generator's (``PriceBook.charge``, to the micro-unit). The machine's load during each window
+is printed too: other work on the machine shows there. ``--without-rules`` adds a pass of the
+batched worker with an empty rule directory; ``--profile`` a pass under a sampling profiler,
+with its hotspots (neither is part of the table's figures).
 
 Scaling out (``--scale``, default 1,2,3; 0 skips it): the batched copy once more, on a topic
 of ``--scale-partitions`` partitions (default 6), read by N real workers in one consumer group
@@ -737,6 +737,15 @@ def child_main(a: argparse.Namespace) -> None:
 # ======================================================================================
 
 
+# The consumers (a), (b) and (b'): role → (name, what it runs).
+BASELINES = {
+    "ceiling": ("(a) ceiling", "plain aiokafka consumer + parse_message"),
+    "noop": ("(b) Faust no-op", "build_app with a no-op handle"),
+    "plain": ("(b') plain Faust agent", "async for over the stream, on the worker's Faust "
+              "settings"),
+}
+
+
 @dataclass
 class Child:
     proc: subprocess.Popen[bytes]
@@ -827,28 +836,12 @@ class Bench:
 
     # -- the three consumers -------------------------------------------------------
 
-    def run_ceiling(self, ns: str, topic: str, ends: dict[int, int], tag: str) -> dict[str, Any]:
-        label = f"(a) ceiling [{tag}]"
-        log(f"{label}: plain aiokafka consumer + parse_message")
-        child = self.spawn("ceiling", ns, topic, ends, f"ceiling-{tag}")
-        try:
-            return self.wait(child, label, sum(ends.values()))
-        finally:
-            child.stop()
-
-    def run_noop(self, ns: str, topic: str, ends: dict[int, int], tag: str) -> dict[str, Any]:
-        label = f"(b) Faust no-op [{tag}]"
-        log(f"{label}: build_app with a no-op handle")
-        child = self.spawn("noop", ns, topic, ends, f"noop-{tag}")
-        try:
-            return self.wait(child, label, sum(ends.values()))
-        finally:
-            child.stop()
-
-    def run_plain(self, ns: str, topic: str, ends: dict[int, int], tag: str) -> dict[str, Any]:
-        label = f"(b') plain Faust agent [{tag}]"
-        log(f"{label}: async for over the stream, on the worker's Faust settings")
-        child = self.spawn("plain", ns, topic, ends, f"plain-{tag}")
+    def run_baseline(self, role: str, ns: str, topic: str, ends: dict[int, int],
+                     tag: str) -> dict[str, Any]:
+        name, what = BASELINES[role]
+        label = f"{name} [{tag}]"
+        log(f"{label}: {what}")
+        child = self.spawn(role, ns, topic, ends, f"{role}-{tag}")
         try:
             return self.wait(child, label, sum(ends.values()))
         finally:
@@ -949,12 +942,12 @@ class Bench:
         for case, (ns, topic, ends) in topics.items():
             entry = report["cases"][case]
             n_events, expected = entry["events"], entry["expected_cost_micro"]
-            entry["a"] = self.run_ceiling(ns, topic, ends, case)
+            entry["a"] = self.run_baseline("ceiling", ns, topic, ends, case)
             if entry["a"]["events"] != n_events or entry["a"]["rejected"]:
                 raise RuntimeError(f"ceiling parsed {entry['a']['events']} events, "
                                    f"{entry['a']['rejected']} rejected: the data set is bad")
-            entry["b"] = self.run_noop(ns, topic, ends, case)
-            entry["b_plain"] = self.run_plain(ns, topic, ends, case)
+            entry["b"] = self.run_baseline("noop", ns, topic, ends, case)
+            entry["b_plain"] = self.run_baseline("plain", ns, topic, ends, case)
             used_before = redis_info(a.redis_url)["used_memory"]
             entry["c"] = self.run_worker(ns, topic, ends, case)
             entry["redis_memory"] = namespace_memory(a.redis_url, ns)
@@ -1622,7 +1615,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)
     p.add_argument("--redis-url", default=DEFAULT_REDIS)
     # internal: the consumer subprocesses
-    p.add_argument("--role", choices=("ceiling", "noop", "plain", "worker"), help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=(*BASELINES, "worker"), help=argparse.SUPPRESS)
     p.add_argument("--ns", help=argparse.SUPPRESS)
     p.add_argument("--topic", help=argparse.SUPPRESS)
     p.add_argument("--ends", help=argparse.SUPPRESS)
