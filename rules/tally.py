@@ -23,8 +23,8 @@ PSEUDO_TAGS = ("category", "resource_type", "billing")
 COST, QUANTITY = "c", "q"
 WASTE_PREFIX = "w:"
 # The cache of tag-set ids has two generations of at most this many entries each. An entry (the
-# key, the id, the canonical JSON) takes ~900 bytes with the throughput bench's tag sets
-# (tracemalloc), so ~45 MiB at most, whatever the tag count (see ``Folder._tagset``).
+# key, the id, the canonical JSON) takes ~560 bytes with the throughput bench's tag sets
+# (tracemalloc), so ~27 MiB at most, whatever the tag count (see ``Folder._tagset``).
 _TAGSET_CACHE_MAX = 25_000
 
 
