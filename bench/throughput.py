@@ -67,6 +67,7 @@ import tempfile
 import time
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -724,12 +725,16 @@ def wait_for_go(ready: str, go: str) -> None:
 def child_main(a: argparse.Namespace) -> None:
     ends = {int(p): int(o) for p, o in json.loads(a.ends).items()}
     probe = Probe(a.out, ends, a.child_profile, a.profile_out)
-    if a.role == "ceiling":
-        asyncio.run(ceiling(a, probe))
-    elif a.role == "plain":
-        run_plain(a, probe)
-    else:
-        run_faust(a, probe, noop=a.role == "noop")
+    ROLES[a.role](a, probe)
+
+
+# What each consumer subprocess runs (``--role``).
+ROLES: dict[str, Callable[[argparse.Namespace, Probe], None]] = {
+    "ceiling": lambda a, probe: asyncio.run(ceiling(a, probe)),
+    "noop": lambda a, probe: run_faust(a, probe, noop=True),
+    "plain": run_plain,
+    "worker": lambda a, probe: run_faust(a, probe, noop=False),
+}
 
 
 # ======================================================================================
@@ -1615,7 +1620,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)
     p.add_argument("--redis-url", default=DEFAULT_REDIS)
     # internal: the consumer subprocesses
-    p.add_argument("--role", choices=(*BASELINES, "worker"), help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
     p.add_argument("--ns", help=argparse.SUPPRESS)
     p.add_argument("--topic", help=argparse.SUPPRESS)
     p.add_argument("--ends", help=argparse.SUPPRESS)

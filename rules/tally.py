@@ -90,16 +90,9 @@ class Tally:
     faults: list[tuple[float, str]] = field(default_factory=list)
     events: int = 0
 
-    def cell(self, tsid: str, ts: float) -> dict[str, int]:
-        """The sums of a tag set in the 5-minute slot holding ``ts``."""
-        key = (tsid, int(ts // SLOT_S) * SLOT_S)
-        cell = self.sums.get(key)
-        if cell is None:
-            cell = self.sums[key] = {}
-        return cell
-
-    def add(self, tsid: str, ts: float, measure: str, micro: int) -> None:
-        cell = self.cell(tsid, ts)
+    def add(self, tsid: str, slot: int, measure: str, micro: int) -> None:
+        """Add to one measure of a tag set's sums in the 5-minute slot starting at ``slot``."""
+        cell = self.sums.setdefault((tsid, slot), {})
         cell[measure] = cell.get(measure, 0) + micro
 
 
@@ -157,33 +150,17 @@ class Folder:
              skip: Set[bytes] = frozenset()) -> None:
         """Add events to ``tally``; events whose digest is in ``skip`` or already folded are
         ignored (a resend inside the same batch counts once)."""
-        seen, digests, sums, tagsets = tally.seen, tally.digests, tally.sums, tally.tagsets
-        folders, tagset = _FOLDERS, self._tagset
+        seen, digests = tally.seen, tally.digests
+        folders = _FOLDERS
         for item in events:
             priced = item if type(item) is Priced else self.price([item])[0]  # type: ignore[list-item]
             digest = priced.digest
             if digest in skip or digest in seen:
                 continue
             seen.add(digest)
-            event = priced.event
+            # The slot is worked out once here, for the event's folder and its hour.
             slot = int(priced.ts // SLOT_S) * SLOT_S
-            if type(event) is UsageEvent:
-                # Nearly every event is usage, so it is folded right here, without the two
-                # calls the other kinds cost (their folder, then ``Tally.cell``): 3.22
-                # against 3.52 µs per event for this loop (timeit, 4 alternations).
-                charge: Charge = priced.amount  # type: ignore[assignment]
-                tsid, canonical = tagset(event.tags, event.resource_type, charge.category,
-                                         charge.billing)
-                tagsets[tsid] = canonical
-                cell = sums.get((tsid, slot))
-                if cell is None:
-                    sums[(tsid, slot)] = {COST: charge.cost_micro,
-                                          QUANTITY: charge.quantity_micro}
-                else:  # a fault of the same tag set may have made the cell
-                    cell[COST] = cell.get(COST, 0) + charge.cost_micro
-                    cell[QUANTITY] = cell.get(QUANTITY, 0) + charge.quantity_micro
-            else:
-                folders[type(event)](self, tally, priced)
+            folders[type(priced.event)](self, tally, priced, slot)
             hour = slot - slot % 3600  # an hour is twelve whole slots
             hourly = digests.get(hour)
             if hourly is None:
@@ -192,16 +169,29 @@ class Folder:
                 hourly.append(digest)
         tally.events = len(seen)
 
-    def _fault(self, tally: Tally, priced: Priced) -> None:
+    def _usage(self, tally: Tally, priced: Priced, slot: int) -> None:
+        event: UsageEvent = priced.event  # type: ignore[assignment]
+        charge: Charge = priced.amount  # type: ignore[assignment]
+        tsid, canonical = self._tagset(event.tags, event.resource_type, charge.category,
+                                       charge.billing)
+        tally.tagsets[tsid] = canonical
+        cell = tally.sums.get((tsid, slot))
+        if cell is None:  # most of a window's cells are new: one dict built whole
+            tally.sums[(tsid, slot)] = {COST: charge.cost_micro, QUANTITY: charge.quantity_micro}
+        else:  # a fault of the same tag set may have made the cell
+            cell[COST] = cell.get(COST, 0) + charge.cost_micro
+            cell[QUANTITY] = cell.get(QUANTITY, 0) + charge.quantity_micro
+
+    def _fault(self, tally: Tally, priced: Priced, slot: int) -> None:
         event: FaultEvent = priced.event  # type: ignore[assignment]
         price = self.prices.price_of(event.resource_type)
         tsid, canonical = self._tagset(event.tags, event.resource_type, price.category,
                                        price.billing)
         tally.tagsets[tsid] = canonical
-        tally.add(tsid, priced.ts, WASTE_PREFIX + event.fault.value, priced.amount)  # type: ignore[arg-type]
+        tally.add(tsid, slot, WASTE_PREFIX + event.fault.value, priced.amount)  # type: ignore[arg-type]
         tally.faults.append((priced.ts, event.model_dump_json(exclude_none=True)))
 
-    def _utilization(self, tally: Tally, priced: Priced) -> None:
+    def _utilization(self, tally: Tally, priced: Priced, slot: int) -> None:
         event: UtilizationEvent = priced.event  # type: ignore[assignment]
         key, ts = (event.resource_id, event.metric), priced.ts
         tally.samples.setdefault(key, []).append((ts, event.value))
@@ -216,8 +206,8 @@ _PRICERS: dict[type, Callable[[PriceBook, Any], Any]] = {
     UtilizationEvent: lambda book, event: None,
 }
 
-# How each kind but usage is folded (``Folder.fold`` folds usage itself).
-_FOLDERS: dict[type, Callable[[Folder, Tally, Priced], None]] = {
+_FOLDERS: dict[type, Callable[[Folder, Tally, Priced, int], None]] = {
+    UsageEvent: Folder._usage,
     FaultEvent: Folder._fault,
     UtilizationEvent: Folder._utilization,
 }
