@@ -184,6 +184,13 @@ if #tagsets > 0 then
     end
   end
   chunked('HSET', firsts, lowered, 1, #lowered)
+  if #lowered > 0 then
+    -- a new token whenever the first buckets change: readers keep what they derived from
+    -- them until it moves (the server's clock in microseconds, so a Redis that lost writes
+    -- and counts them again never repeats a token it gave before)
+    local now = redis.call('TIME')
+    redis.call('SET', firsts .. ':version', now[1] .. '.' .. now[2])
+  end
 end
 if a[15] == 1 then
   -- amounts too large to add exactly in Lua's doubles: let Redis add each one. Amounts are

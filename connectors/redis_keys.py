@@ -62,6 +62,10 @@ def first_seen_key(slot: str) -> str:
     return f"{slot}:first"
 
 
+def first_version_key(slot: str) -> str:
+    return f"{slot}:first:version"
+
+
 def faults_key(slot: str) -> str:
     return f"{slot}:faults"
 

@@ -26,6 +26,7 @@ from connectors.redis_keys import (
     decoded,
     faults_key,
     first_seen_key,
+    first_version_key,
     history_key,
     seen_key,
     slots_key,
@@ -152,6 +153,23 @@ class RedisState:
                 key = self._key_of(self._dims[(slot, tsid)])
                 out[key] = min(out.get(key, float(first)), float(first))
         return out
+
+    def firsts_version(self) -> tuple[tuple[str, str], ...] | None:
+        """Every slot's token of its first buckets (``FirstsVersion``), which the aggregation
+        moves whenever it writes them. ``None`` when a slot holds first buckets without a
+        token (written before tokens were): then they are read again as often as before."""
+        slots = self.slots()
+        pipe = self.redis.pipeline(transaction=False)
+        for slot in slots:
+            pipe.get(first_version_key(slot))
+            pipe.exists(first_seen_key(slot))
+        replies = pipe.execute()
+        tokens = []
+        for slot, token, held in zip(slots, replies[::2], replies[1::2], strict=True):
+            if token is None and held:
+                return None
+            tokens.append((slot, "" if token is None else decoded(token)))
+        return tuple(tokens)
 
     def hour_marks(self, hours: Sequence[int]) -> dict[int, int]:
         """Events counted per hour of event time, from the dedup memory (``HourMarks``): a

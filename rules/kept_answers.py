@@ -12,10 +12,10 @@ it missed by more than one evaluation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from rules.state import Dimensions, Group, HourMarks, Measure, StateView
+from rules.state import Dimensions, FirstsVersion, Group, HourMarks, Measure, StateView
 
 HOUR_S = 3600
 HOT_S = 3600
@@ -51,20 +51,25 @@ class KeptAnswers:
         self.enabled = False
         self.firsts: dict[Measure, Mapping[Dimensions, float]] = {}
         self.projected_firsts: dict[tuple[object, ...], dict[Group, float]] = {}
-        """The tag sets' first buckets, read again on every full evaluation and after a late
-        event: between ticks only a new group can appear, and fresh data never makes a
-        group's history reach back over a baseline."""
+        """The tag sets' first buckets, read again on a full evaluation and after a late
+        event, unless the state's ``FirstsVersion`` says they have not changed since they
+        were last read: between ticks only a new group can appear, and fresh data never
+        makes a group's history reach back over a baseline."""
+        self._firsts_version: Hashable | None = None  # the state's token when they were read
 
     def begin(self, state: StateView, now: float, full: bool = True) -> None:
         """Start an evaluation at ``now`` (``full``: of every rule, on the tick): move the hot
         boundary, drop what late events changed."""
         self.enabled = isinstance(state, HourMarks)
         self.hot_from = int(now - HOT_S) // HOUR_S * HOUR_S
-        if full or not self.enabled:
-            self._forget_firsts()
         if not self.enabled:
             self.clear()
             return
+        # Read before any first bucket is: a change after this moves the token again.
+        version = state.firsts_version() if isinstance(state, FirstsVersion) else None
+        firsts_moved = version is None or version != self._firsts_version
+        if full and firsts_moved:
+            self._forget_firsts(version)
         assert isinstance(state, HourMarks)
         # Answers the last evaluation did not ask for belong to rules or periods gone by.
         self._answers = {q: k for q, k in self._answers.items() if q in self._asked}
@@ -80,8 +85,8 @@ class KeptAnswers:
         marks = state.hour_marks(hours)
         moved = [h for h in hours if h in self._marks and marks.get(h, 0) != self._marks[h]]
         self._drop_overlapping(moved)
-        if moved:
-            self._forget_firsts()
+        if moved and firsts_moved:
+            self._forget_firsts(version)
         self._marks = {h: marks.get(h, 0) for h in hours}
         self._marked_from = wanted
 
@@ -130,9 +135,11 @@ class KeptAnswers:
     def __len__(self) -> int:
         return len(self._answers)
 
-    def _forget_firsts(self) -> None:
+    def _forget_firsts(self, version: Hashable | None = None) -> None:
+        """Drop the first buckets; those read next are the state's as of ``version``."""
         self.firsts.clear()
         self.projected_firsts.clear()
+        self._firsts_version = version
 
     def _drop_overlapping(self, hours: list[int]) -> None:
         if not hours:

@@ -19,7 +19,7 @@ Vocabulary shared by both stores:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal, Protocol, runtime_checkable
@@ -110,6 +110,18 @@ class CellView(Protocol):
 
     def firsts(self, measure: Measure) -> Mapping[Dimensions, float]:
         """Start of the oldest bucket of every tag set holding ``measure``."""
+        ...
+
+
+@runtime_checkable
+class FirstsVersion(Protocol):
+    """Optional: a token that moves whenever ``CellView.firsts`` would answer differently
+    (a new tag set, an earlier first bucket). The tag sets' first buckets are read in full
+    and grouped for every growth-type rule, so they are kept between evaluations, also
+    full ones, for as long as the token stays the same."""
+
+    def firsts_version(self) -> Hashable | None:
+        """The token, or ``None`` when the state cannot tell (then nothing is kept)."""
         ...
 
 

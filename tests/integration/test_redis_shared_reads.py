@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from redis import Redis
 
+from connectors.redis_keys import first_version_key, slot_tag
 from connectors.redis_state import RedisState
 from rules.engine import Engine
 from rules.events import AnyEvent
 from rules.kept_answers import KeptAnswers
 from rules.loader import RuleSet
-from rules.state import FaultRecord, Group, Measure, ResourceSamples
+from rules.state import Dimensions, FaultRecord, Group, Measure, ResourceSamples
 from tests.integration.redis_writer import Writer
 from tests.unit.rulefiles.builders import DAY, HOUR, MIN, T0, fault, rule, usage
 
@@ -105,3 +106,45 @@ async def test_tag_sets_share_the_keys_values_and_pairs_they_repeat(
     job_pairs = {pair for dims in cells for pair in dims if pair[0] == "job"}
     assert len(env_pairs) == 1 and len(team_values) == 1
     assert len(job_pairs) == 40  # what differs stays apart
+
+
+class CountingState(RedisState):
+    """Counts the full reads of the tag sets' first buckets."""
+
+    first_reads = 0
+
+    def firsts(self, measure: Measure) -> dict[Dimensions, float]:
+        self.first_reads += 1
+        return super().firsts(measure)
+
+
+async def test_first_buckets_are_read_again_only_after_the_aggregation_changed_them(
+        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    growth = rule(kind="growth", name="growth", group_by=["team"], window="1h",
+                  baseline="1d", ratio=2)
+    engine = Engine(RuleSet((growth,)), "USD")
+    client = Redis.from_url(redis_url)
+    state, kept = CountingState(client, namespace, "UTC"), KeptAnswers()
+
+    def found() -> list[Group]:  # every evaluation here is a full one, as on the tick
+        return [dict(f.group) for f in engine.findings(state, T0, kept)["growth"]]
+
+    # Team a spends steadily for the last 20 hours, then ten times as much in the last one:
+    # it grew, but its history does not cover the day-long baseline yet.
+    await redis_writer.write([usage(T0 - 20 * HOUR + i * HOUR, 1.0, team="a")
+                              for i in range(19)] + [usage(T0 - 30 * MIN, 10.0, team="a")])
+    assert found() == [] and state.first_reads == 1
+    # More spend of the same tag set, no earlier first bucket: nothing to read again.
+    await redis_writer.write([usage(T0 - 20 * MIN, 1.0, team="a")])
+    assert found() == [] and found() == [] and state.first_reads == 1
+    # A late event two days back: team a's history now covers the baseline.
+    await redis_writer.write([usage(T0 - 2 * DAY, 1.0, team="a")])
+    assert found() == [{"team": "a"}] and state.first_reads == 2
+    # A new tag set moves the token too.
+    await redis_writer.write([usage(T0 - 10 * MIN, 1.0, team="b")])
+    assert found() == [{"team": "a"}] and state.first_reads == 3
+    # First buckets without a token (written by a worker from before tokens): read every time.
+    client.delete(first_version_key(slot_tag(namespace, "usage", 0)))
+    assert state.firsts_version() is None
+    assert found() == [{"team": "a"}] and found() == [{"team": "a"}]
+    assert state.first_reads == 5
