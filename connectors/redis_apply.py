@@ -186,8 +186,8 @@ if #tagsets > 0 then
   chunked('HSET', firsts, lowered, 1, #lowered)
   if #lowered > 0 then
     -- a new token whenever the first buckets change: readers keep what they derived from
-    -- them until it moves (the server's clock in microseconds, so a Redis that lost writes
-    -- and counts them again never repeats a token it gave before)
+    -- them until it moves. The server's clock in microseconds: a Redis that lost writes and
+    -- counts them again does not repeat a token it gave before (unless its clock went back).
     local now = redis.call('TIME')
     redis.call('SET', firsts .. ':version', now[1] .. '.' .. now[2])
   end
