@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/throughput.py [--events N] [--tagsets N] [--partitions N] [--json]
         [--single-events N] [--batch-size N] [--without-rules] [--profile py-spy|pyinstrument]
-        [--scale N,N,...] [--scale-partitions N] [--save PATH]
+        [--scale N,N,...] [--scale-partitions N] [--rounds N] [--save PATH]
 
 One data set of usage events (realistic shapes, Zipf-popular tag sets, timestamps over the
 last two days) is generated once and produced with kafka-python before anything is timed:
@@ -36,6 +36,11 @@ is printed too: other work on the machine shows there. ``--without-rules`` adds 
 batched worker with an empty rule directory; ``--profile`` a pass under a sampling profiler,
 with its hotspots (neither is part of the table's figures).
 
+Rounds (``--rounds N``): (b), (b') and (c) run N-1 more times on each copy, one after the
+other, with fresh consumer groups and Redis state, and the median and range of c/b, c/b' and
+of each one's events/s are printed below the table (its figures are round 1). On a shared
+2-CPU machine one run's ratios can be a third off the next run's.
+
 Scaling out (``--scale``, default 1,2,3; 0 skips it): the batched copy once more, on a topic
 of ``--scale-partitions`` partitions (default 6), read by N real workers in one consumer group
 for each N, with fresh Redis state and a fresh group each time. The workers import and build
@@ -61,6 +66,7 @@ import os
 import random
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -976,6 +982,8 @@ class Bench:
                 f"{entry['b']['events_per_s']:,.0f} ev/s, b' "
                 f"{entry['b_plain']['events_per_s']:,.0f} ev/s, c "
                 f"{entry['c']['events_per_s']:,.0f} ev/s")
+        if a.rounds > 1:
+            self.run_rounds(topics, report, data)
         if scaling is not None:
             report["scaling"] = self.run_scaling(*scaling, data, scale_events)
         if a.without_rules:
@@ -1017,6 +1025,45 @@ class Bench:
             report["profile"] = prof
         report["files"] = str(self.dir)
         return report
+
+    # -- rounds: the same comparison again, for its spread -------------------------------
+
+    def run_rounds(self, topics: dict[str, tuple[str, str, dict[int, int]]],
+                   report: dict[str, Any], data: DataSet) -> None:
+        """``--rounds N``: (b), (b') and (c) N-1 more times on each case's topic, one after
+        the other, each with fresh consumer groups and (c) with fresh Redis state. Figures
+        on a shared 2-CPU machine move by a third from one run to the next, so a ratio is
+        given as its median and range over the rounds (the table's run is round 1)."""
+        a = self.a
+        for case, (ns, topic, ends) in topics.items():
+            entry = report["cases"][case]
+            n_events, expected = entry["events"], entry["expected_cost_micro"]
+            rounds = [round_figures(entry["b"], entry["b_plain"], entry["c"], n_events, True)]
+            for r in range(2, a.rounds + 1):
+                tag = f"{case}-round{r}"
+                self.forget_groups([f"{ns}-aggregator-noop", f"{ns}-aggregator-plain"])
+                b = self.run_baseline("noop", ns, topic, ends, tag)
+                b_plain = self.run_baseline("plain", ns, topic, ends, tag)
+                self.reset_group_state(ns)
+                c = self.run_worker(ns, topic, ends, tag)
+                ok = redis_total(a.redis_url, ns, data.ts_min, data.ts_max) == expected
+                rounds.append(round_figures(b, b_plain, c, n_events, ok))
+                log(f"[{case}] round {r}/{a.rounds}: c/b {rounds[-1]['c_over_b']:.3f}, "
+                    f"c/b' {rounds[-1]['c_over_b_plain']:.3f}, total {'OK' if ok else 'MISMATCH'}")
+            entry["rounds"] = rounds
+
+    def forget_groups(self, groups: list[str]) -> None:
+        """Delete consumer groups, retried: one that just lost its last member may still be
+        closing for a moment."""
+        for attempt in range(10):
+            try:
+                delete_groups(self.a.bootstrap, groups)
+                return
+            except Exception as exc:  # noqa: BLE001 - GroupNotEmpty while members leave
+                if attempt == 9:
+                    raise
+                log(f"deleting consumer groups: {exc}; retrying")
+                time.sleep(2)
 
     # -- scaling out: N workers in one consumer group ----------------------------------
 
@@ -1194,6 +1241,21 @@ class Bench:
             child.stop()
         if self.namespaces and not self.a.keep:
             delete_namespace(self.a.bootstrap, self.a.redis_url, self.namespaces)
+
+
+def round_figures(b: dict[str, Any], b_plain: dict[str, Any], c: dict[str, Any],
+                  events: int, total_ok: bool) -> dict[str, Any]:
+    """Events/s of (b), (b') and (c) in one round, and the ratios."""
+    rates = {k: events / run["elapsed_s"] for k, run in
+             (("b", b), ("b_plain", b_plain), ("c", c))}
+    return {"events_per_s": rates, "c_over_b": rates["c"] / rates["b"],
+            "c_over_b_plain": rates["c"] / rates["b_plain"], "total_ok": total_ok}
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """``median (lowest–highest)``."""
+    return (f"{format(statistics.median(values), fmt)} "
+            f"({format(min(values), fmt)}–{format(max(values), fmt)})")
 
 
 def read_json(path: str) -> dict[str, Any] | None:
@@ -1487,6 +1549,7 @@ def print_table(rep: dict[str, Any]) -> None:
               f"{var.get('parent_VmHWM', var.get('VmHWM', 0)) / 1024:.0f} MiB, Redis apply "
               f"{100 * m.get('costline_redis_apply_seconds_sum', 0) / var['elapsed_s']:.0f}% "
               f"of the time), total {'OK' if var['total']['ok'] else 'MISMATCH'}")
+    print_rounds(cases, names)
     prof = rep.get("profile")
     if prof:
         print()
@@ -1511,6 +1574,23 @@ def print_table(rep: dict[str, Any]) -> None:
     if rep.get("scaling"):
         print_scaling(rep["scaling"])
     print(f"\nfiles (logs, profiles): {rep['files']}")
+
+
+def print_rounds(cases: dict[str, Any], names: list[str]) -> None:
+    with_rounds = [n for n in names if cases[n].get("rounds")]
+    if not with_rounds:
+        return
+    count = len(cases[with_rounds[0]]["rounds"])
+    print(f"\nrounds: (b), (b') and (c) {count} times on each topic, one after the other, "
+          "fresh groups and Redis state each time; median (lowest–highest)")
+    for name in with_rounds:
+        rounds = cases[name]["rounds"]
+        rates = {k: [r["events_per_s"][k] for r in rounds] for k in ("b", "b_plain", "c")}
+        ok = all(r["total_ok"] for r in rounds)
+        print(f"  {name}: c/b {spread([r['c_over_b'] for r in rounds], '.3f')}, "
+              f"c/b' {spread([r['c_over_b_plain'] for r in rounds], '.3f')}; ev/s: "
+              f"b {spread(rates['b'], ',.0f')}, b' {spread(rates['b_plain'], ',.0f')}, "
+              f"c {spread(rates['c'], ',.0f')}; totals {'OK' if ok else 'MISMATCH'}")
 
 
 def print_scaling(sc: dict[str, Any]) -> None:
@@ -1606,6 +1686,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="add a profiled pass of the worker (not in the table)")
     p.add_argument("--profile-case", choices=("batched", "single"), default="batched",
                    help="which copy of the data the profiled pass reads (default batched)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run (b), (b') and (c) this many times on each case's topic and print "
+                        "the median and range of c/b and c/b' (each round adds about a "
+                        "minute per case)")
     p.add_argument("--without-rules", action="store_true",
                    help="also run the batched worker with no rule files (how much of (c) the "
                         "leader's rule evaluation costs); adds about 2 minutes")
