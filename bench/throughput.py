@@ -1038,7 +1038,8 @@ class Bench:
         for case, (ns, topic, ends) in topics.items():
             entry = report["cases"][case]
             n_events, expected = entry["events"], entry["expected_cost_micro"]
-            rounds = [round_figures(entry["b"], entry["b_plain"], entry["c"], n_events, True)]
+            rounds = [round_figures(entry["b"], entry["b_plain"], entry["c"], n_events,
+                                    entry["total"]["ok"])]
             for r in range(2, a.rounds + 1):
                 tag = f"{case}-round{r}"
                 self.forget_groups([f"{ns}-aggregator-noop", f"{ns}-aggregator-plain"])
