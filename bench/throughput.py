@@ -1054,17 +1054,9 @@ class Bench:
             entry["rounds"] = rounds
 
     def forget_groups(self, groups: list[str]) -> None:
-        """Delete consumer groups, retried: one that just lost its last member may still be
-        closing for a moment."""
-        for attempt in range(10):
-            try:
-                delete_groups(self.a.bootstrap, groups)
-                return
-            except Exception as exc:  # noqa: BLE001 - GroupNotEmpty while members leave
-                if attempt == 9:
-                    raise
-                log(f"deleting consumer groups: {exc}; retrying")
-                time.sleep(2)
+        """Delete consumer groups, retried while they are closing."""
+        while_groups_close("deleting consumer groups",
+                           lambda: delete_groups(self.a.bootstrap, groups))
 
     # -- scaling out: N workers in one consumer group ----------------------------------
 
@@ -1110,17 +1102,8 @@ class Bench:
                 "note": scaling_note(runs, os.cpu_count() or 1)}
 
     def reset_group_state(self, ns: str) -> None:
-        """``fresh_worker_state``, retried: a group that just lost its last member may
-        still be closing for a moment."""
-        for attempt in range(10):
-            try:
-                self.fresh_worker_state(ns)
-                return
-            except Exception as exc:  # noqa: BLE001 - GroupNotEmpty while members leave
-                if attempt == 9:
-                    raise
-                log(f"resetting the consumer group: {exc}; retrying")
-                time.sleep(2)
+        """``fresh_worker_state``, retried while the group is closing."""
+        while_groups_close("resetting the consumer group", lambda: self.fresh_worker_state(ns))
 
     def run_group(self, ns: str, topic: str, ends: dict[int, int], n: int,
                   events_by_partition: list[int]) -> dict[str, Any]:
@@ -1242,6 +1225,20 @@ class Bench:
             child.stop()
         if self.namespaces and not self.a.keep:
             delete_namespace(self.a.bootstrap, self.a.redis_url, self.namespaces)
+
+
+def while_groups_close(what: str, step: Callable[[], None], attempts: int = 10) -> None:
+    """Run ``step``, again every 2 s while it fails: a consumer group that just lost its
+    last member may still be closing for a moment (GroupNotEmpty)."""
+    for attempt in range(attempts):
+        try:
+            step()
+            return
+        except Exception as exc:  # noqa: BLE001 - GroupNotEmpty while members leave
+            if attempt == attempts - 1:
+                raise
+            log(f"{what}: {exc}; retrying")
+            time.sleep(2)
 
 
 def round_figures(b: dict[str, Any], b_plain: dict[str, Any], c: dict[str, Any],
