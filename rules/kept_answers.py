@@ -65,11 +65,8 @@ class KeptAnswers:
         if not self.enabled:
             self.clear()
             return
-        # Read before any first bucket is: a change after this moves the token again.
-        version = state.firsts_version() if isinstance(state, FirstsVersion) else None
-        firsts_moved = version is None or version != self._firsts_version
-        if full and firsts_moved:
-            self._forget_firsts(version)
+        if full:
+            self._check_firsts(state)
         assert isinstance(state, HourMarks)
         # Answers the last evaluation did not ask for belong to rules or periods gone by.
         self._answers = {q: k for q, k in self._answers.items() if q in self._asked}
@@ -85,8 +82,8 @@ class KeptAnswers:
         marks = state.hour_marks(hours)
         moved = [h for h in hours if h in self._marks and marks.get(h, 0) != self._marks[h]]
         self._drop_overlapping(moved)
-        if moved and firsts_moved:
-            self._forget_firsts(version)
+        if moved and not full:
+            self._check_firsts(state)
         self._marks = {h: marks.get(h, 0) for h in hours}
         self._marked_from = wanted
 
@@ -134,6 +131,15 @@ class KeptAnswers:
 
     def __len__(self) -> int:
         return len(self._answers)
+
+    def _check_firsts(self, state: StateView) -> None:
+        """Drop the kept first buckets unless the state's ``FirstsVersion`` token is the one
+        they were read under. Asked only on a tick or after a late event (a data-driven
+        evaluation keeps them without asking), and before any first bucket is read: a change
+        after this moves the token again."""
+        version = state.firsts_version() if isinstance(state, FirstsVersion) else None
+        if version is None or version != self._firsts_version:
+            self._forget_firsts(version)
 
     def _forget_firsts(self, version: Hashable | None = None) -> None:
         """Drop the first buckets; those read next are the state's as of ``version``."""

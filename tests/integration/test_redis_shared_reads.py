@@ -109,13 +109,17 @@ async def test_tag_sets_share_the_keys_values_and_pairs_they_repeat(
 
 
 class CountingState(RedisState):
-    """Counts the full reads of the tag sets' first buckets."""
+    """Counts the full reads of the tag sets' first buckets, and of their tokens."""
 
-    first_reads = 0
+    first_reads = version_reads = 0
 
     def firsts(self, measure: Measure) -> dict[Dimensions, float]:
         self.first_reads += 1
         return super().firsts(measure)
+
+    def firsts_version(self) -> tuple[tuple[str, str], ...] | None:
+        self.version_reads += 1
+        return super().firsts_version()
 
 
 async def test_first_buckets_are_read_again_only_after_the_aggregation_changed_them(
@@ -137,6 +141,10 @@ async def test_first_buckets_are_read_again_only_after_the_aggregation_changed_t
     # More spend of the same tag set, no earlier first bucket: nothing to read again.
     await redis_writer.write([usage(T0 - 20 * MIN, 1.0, team="a")])
     assert found() == [] and found() == [] and state.first_reads == 1
+    # A data-driven evaluation with no late event does not even ask for the tokens.
+    asked = state.version_reads
+    engine.findings(state, T0, kept, reuse={})
+    assert state.version_reads == asked and state.first_reads == 1
     # A late event two days back: team a's history now covers the baseline.
     await redis_writer.write([usage(T0 - 2 * DAY, 1.0, team="a")])
     assert found() == [{"team": "a"}] and state.first_reads == 2
