@@ -964,20 +964,15 @@ class Bench:
             entry["redis_memory"] = namespace_memory(a.redis_url, ns)
             entry["redis_memory"]["used_memory_delta"] = (
                 redis_info(a.redis_url)["used_memory"] - used_before)
-            total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
-            entry["total"] = {"redis": total, "expected": expected, "ok": total == expected}
+            entry["total"] = total_check(a.redis_url, ns, data, expected)
             dlq = end_offsets(a.bootstrap, f"{ns}.dlq.v1", 1)
             entry["dead_letters"] = sum(dlq.values())
-            log(f"[{case}] total check: redis {total:,} vs expected "
+            log(f"[{case}] total check: redis {entry['total']['redis']:,} vs expected "
                 f"{expected:,} -> {'OK' if entry['total']['ok'] else 'MISMATCH'}")
             for k in ("a", "b", "b_plain", "c"):
-                entry[k]["events_per_s"] = n_events / entry[k]["elapsed_s"]
-                entry[k]["messages_per_s"] = entry["messages"] / entry[k]["elapsed_s"]
-                entry[k]["cpu_us_per_event"] = 1e6 * entry[k]["cpu_s"] / n_events
+                add_rates(entry[k], n_events, entry["messages"])
             entry["c_over_a"] = entry["c"]["events_per_s"] / entry["a"]["events_per_s"]
-            entry["c_over_b"] = entry["c"]["events_per_s"] / entry["b"]["events_per_s"]
-            entry["c_over_b_plain"] = (entry["c"]["events_per_s"]
-                                       / entry["b_plain"]["events_per_s"])
+            entry.update(ratios(entry["b"], entry["b_plain"], entry["c"]))
             log(f"[{case}] a {entry['a']['events_per_s']:,.0f} ev/s, b "
                 f"{entry['b']['events_per_s']:,.0f} ev/s, b' "
                 f"{entry['b_plain']['events_per_s']:,.0f} ev/s, c "
@@ -994,11 +989,8 @@ class Bench:
             empty = self.dir / "no-rules"
             empty.mkdir(exist_ok=True)
             var = self.run_worker(ns, topic, ends, "batched-no-rules", rules=empty)
-            var["events_per_s"] = a.events / var["elapsed_s"]
-            var["cpu_us_per_event"] = 1e6 * var["cpu_s"] / a.events
-            total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
-            var["total"] = {"redis": total, "expected": data.expected_cost_micro,
-                            "ok": total == data.expected_cost_micro}
+            add_rates(var, a.events)
+            var["total"] = total_check(a.redis_url, ns, data, data.expected_cost_micro)
             report["without_rules"] = var
             log(f"[batched, no rules] {var['events_per_s']:,.0f} ev/s, total "
                 f"{'OK' if var['total']['ok'] else 'MISMATCH'}")
@@ -1012,12 +1004,12 @@ class Bench:
             events, expected = ((a.events, data.expected_cost_micro) if case == "batched"
                                 else (data.single_events, data.expected_single_micro))
             prof["case"] = case
-            prof["events_per_s"] = events / prof["elapsed_s"]
-            total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
-            prof["total_ok"] = total == expected
-            prof["total"] = {"redis": total, "expected": expected}
+            add_rates(prof, events)
+            prof["total"] = total_check(a.redis_url, ns, data, expected)
+            prof["total_ok"] = prof["total"]["ok"]
             if not prof["total_ok"]:
-                log(f"profiled pass: Redis total {total:,} != expected {expected:,}")
+                log(f"profiled pass: Redis total {prof['total']['redis']:,} != expected "
+                    f"{expected:,}")
             if a.profile == "py-spy" and prof.get("pyspy"):
                 prof["hotspots"] = summarize_collapsed(Path(prof["pyspy"]))
             else:
@@ -1038,17 +1030,19 @@ class Bench:
         for case, (ns, topic, ends) in topics.items():
             entry = report["cases"][case]
             n_events, expected = entry["events"], entry["expected_cost_micro"]
-            rounds = [round_figures(entry["b"], entry["b_plain"], entry["c"], n_events,
+            rounds = [round_figures(entry["b"], entry["b_plain"], entry["c"],
                                     entry["total"]["ok"])]
             for r in range(2, a.rounds + 1):
                 tag = f"{case}-round{r}"
-                self.forget_groups([f"{ns}-aggregator-noop", f"{ns}-aggregator-plain"])
+                self.forget_groups([aggregator_group(ns, "noop"), aggregator_group(ns, "plain")])
                 b = self.run_baseline("noop", ns, topic, ends, tag)
                 b_plain = self.run_baseline("plain", ns, topic, ends, tag)
                 self.reset_group_state(ns)
                 c = self.run_worker(ns, topic, ends, tag)
-                ok = redis_total(a.redis_url, ns, data.ts_min, data.ts_max) == expected
-                rounds.append(round_figures(b, b_plain, c, n_events, ok))
+                for run in (b, b_plain, c):
+                    add_rates(run, n_events, entry["messages"])
+                ok = total_check(a.redis_url, ns, data, expected)["ok"]
+                rounds.append(round_figures(b, b_plain, c, ok))
                 log(f"[{case}] round {r}/{a.rounds}: c/b {rounds[-1]['c_over_b']:.3f}, "
                     f"c/b' {rounds[-1]['c_over_b_plain']:.3f}, total {'OK' if ok else 'MISMATCH'}")
             entry["rounds"] = rounds
@@ -1086,9 +1080,7 @@ class Bench:
             if i:
                 self.reset_group_state(ns)
             run = self.run_group(ns, topic, ends, n, events_by_partition)
-            total = redis_total(self.a.redis_url, ns, data.ts_min, data.ts_max)
-            run["total"] = {"redis": total, "expected": data.expected_cost_micro,
-                            "ok": total == data.expected_cost_micro}
+            run["total"] = total_check(self.a.redis_url, ns, data, data.expected_cost_micro)
             log(f"[{n} worker(s)] {run['events_per_s']:,.0f} ev/s, partitions "
                 f"{[w['partitions'] for w in run['workers']]}, total "
                 f"{'OK' if run['total']['ok'] else 'MISMATCH'}")
@@ -1218,7 +1210,7 @@ class Bench:
         group's offsets (at the end) the partitions would never be read again.
         """
         delete_redis_only(self.a.redis_url, ns)
-        delete_groups(self.a.bootstrap, [f"{ns}-aggregator"])
+        delete_groups(self.a.bootstrap, [aggregator_group(ns)])
 
     def cleanup(self) -> None:
         for child in self.children:
@@ -1241,13 +1233,39 @@ def while_groups_close(what: str, step: Callable[[], None], attempts: int = 10) 
             time.sleep(2)
 
 
+def aggregator_group(ns: str, suffix: str = "") -> str:
+    """The consumer group of the worker's app in ``ns`` (``own_group(suffix)``'s, if given)."""
+    return f"{ns}-aggregator" + (f"-{suffix}" if suffix else "")
+
+
+def add_rates(run: dict[str, Any], events: int, messages: int | None = None
+              ) -> dict[str, Any]:
+    """A consumer's events/s and CPU-µs per event (and messages/s) from its elapsed and CPU
+    seconds."""
+    run["events_per_s"] = events / run["elapsed_s"]
+    run["cpu_us_per_event"] = 1e6 * run["cpu_s"] / events
+    if messages is not None:
+        run["messages_per_s"] = messages / run["elapsed_s"]
+    return run
+
+
+def ratios(b: dict[str, Any], b_plain: dict[str, Any], c: dict[str, Any]) -> dict[str, float]:
+    return {"c_over_b": c["events_per_s"] / b["events_per_s"],
+            "c_over_b_plain": c["events_per_s"] / b_plain["events_per_s"]}
+
+
 def round_figures(b: dict[str, Any], b_plain: dict[str, Any], c: dict[str, Any],
-                  events: int, total_ok: bool) -> dict[str, Any]:
-    """Events/s of (b), (b') and (c) in one round, and the ratios."""
-    rates = {k: events / run["elapsed_s"] for k, run in
-             (("b", b), ("b_plain", b_plain), ("c", c))}
-    return {"events_per_s": rates, "c_over_b": rates["c"] / rates["b"],
-            "c_over_b_plain": rates["c"] / rates["b_plain"], "total_ok": total_ok}
+                  total_ok: bool) -> dict[str, Any]:
+    """One round: the events/s of (b), (b') and (c) (``add_rates`` done), and the ratios."""
+    rates = {"b": b["events_per_s"], "b_plain": b_plain["events_per_s"],
+             "c": c["events_per_s"]}
+    return {"events_per_s": rates, **ratios(b, b_plain, c), "total_ok": total_ok}
+
+
+def total_check(redis_url: str, ns: str, data: DataSet, expected: int) -> dict[str, Any]:
+    """Redis's total of ``ns`` against the generator's."""
+    total = redis_total(redis_url, ns, data.ts_min, data.ts_max)
+    return {"redis": total, "expected": expected, "ok": total == expected}
 
 
 def spread(values: list[float], fmt: str) -> str:

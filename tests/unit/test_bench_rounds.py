@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from bench.throughput import print_rounds, round_figures
+from bench.throughput import add_rates, print_rounds, round_figures
 
 
 def test_a_round_gives_each_consumers_rate_and_the_ratios() -> None:
-    figures = round_figures({"elapsed_s": 10.0}, {"elapsed_s": 8.0}, {"elapsed_s": 12.5},
-                            100_000, True)
+    b, b_plain, c = (add_rates({"elapsed_s": s, "cpu_s": 1.0}, 100_000) for s in (10.0, 8.0, 12.5))
+    figures = round_figures(b, b_plain, c, True)
     assert figures["events_per_s"] == {"b": 10_000, "b_plain": 12_500, "c": 8_000}
     assert figures["c_over_b"] == pytest.approx(0.8)
     assert figures["c_over_b_plain"] == pytest.approx(0.64)
+    assert c["cpu_us_per_event"] == pytest.approx(10.0)
 
 
 def test_rounds_print_the_median_and_range_and_any_mismatch(
         capsys: pytest.CaptureFixture[str]) -> None:
-    rounds = [round_figures({"elapsed_s": 10.0}, {"elapsed_s": 5.0}, {"elapsed_s": c}, 1_000, ok)
+    def run(elapsed: float) -> dict[str, float]:
+        return add_rates({"elapsed_s": elapsed, "cpu_s": 1.0}, 1_000)
+
+    rounds = [round_figures(run(10.0), run(5.0), run(c), ok)
               for c, ok in ((10.0, True), (20.0, True), (12.5, False))]
     print_rounds({"single": {"rounds": rounds}, "batched": {}}, ["single", "batched"])
     out = capsys.readouterr().out
