@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from connectors.redis_keys import (
     Calendar,
+    FirstsLogSize,
     Retention,
     bucket_key,
     decoded,
@@ -50,6 +51,7 @@ FAULTS_KEPT_S = 7 * 86400
 #  15 exact:   1 when the batch's amounts add up past 2^53: the script then leaves every
 #              addition to Redis's integers instead of summing in Lua's doubles
 #  16 limit:   the most a bucket field may hold (``SUM_LIMIT``)
+#  17 first-bucket log: {entries kept, tag sets one entry may name} (``FirstsLogSize``)
 # Replies: {2} applied; {0, stored watermark}; {1, positions of counted digests};
 # {3, "<bucket key> <field>", its stored value, ... for each sum the batch would take past
 # the limit}.
@@ -185,11 +187,20 @@ if #tagsets > 0 then
   end
   chunked('HSET', firsts, lowered, 1, #lowered)
   if #lowered > 0 then
-    -- a new token whenever the first buckets change: readers keep what they derived from
-    -- them until it moves. The server's clock in microseconds: a Redis that lost writes and
-    -- counts them again does not repeat a token it gave before (unless its clock went back).
+    -- a new token whenever the first buckets change, and an entry in their log saying what
+    -- changed, numbered and bearing the token: readers keep what they derived from them and
+    -- apply only the entries after the one they read last. The server's clock in
+    -- microseconds: a Redis that lost writes and counts them again does not repeat a token
+    -- it gave before (unless its clock went back).
     local now = redis.call('TIME')
-    redis.call('SET', firsts .. ':version', now[1] .. '.' .. now[2])
+    local token = now[1] .. '.' .. now[2]
+    redis.call('SET', firsts .. ':version', token)
+    local n = redis.call('INCR', firsts .. ':count')
+    local kept, entry_max = a[17][1], a[17][2]
+    -- a batch that changes many (a worker's first windows) is logged as '*': read them all
+    local changed = #lowered <= 2 * entry_max and table.concat(lowered, ' ') or '*'
+    redis.call('RPUSH', firsts .. ':log', n .. ' ' .. token .. ' ' .. changed)
+    redis.call('LTRIM', firsts .. ':log', -kept, -1)
   end
 end
 if a[15] == 1 then
@@ -271,12 +282,14 @@ class BatchWriter:
     """Turns a ``Tally`` into one script call for one partition slot."""
 
     def __init__(self, redis: Redis, namespace: str, calendar: Calendar, dedup_ttl: int,
-                 retention: Retention | None = None) -> None:
+                 retention: Retention | None = None,
+                 firsts_log: FirstsLogSize | None = None) -> None:
         self.redis = redis
         self.namespace = namespace
         self.calendar = calendar
         self.dedup_ttl = dedup_ttl
         self.retention = retention or Retention()
+        self.firsts_log = firsts_log or FirstsLogSize()
         self._script = redis.register_script(_SCRIPT)
         # Per slot: tag set id → the oldest slot already recorded for it in Redis. A tag set
         # Redis already has is not sent again (most events repeat a known tag set).
@@ -331,7 +344,7 @@ class BatchWriter:
             seen, [field for entry in tagsets for field in entry], self._buckets(slot, tally),
             _cells(tally),
             _latest(tally), _history(tally), _faults(tally), _needs_exact(tally),
-            str(SUM_LIMIT),
+            str(SUM_LIMIT), [self.firsts_log.kept, self.firsts_log.entry_max],
         ], use_bin_type=False)
         return packed, order
 

@@ -33,6 +33,17 @@ class Retention:
     day: int = 400 * 86400
 
 
+@dataclass(frozen=True)
+class FirstsLogSize:
+    """How much of the log of first-bucket changes (``S:first:log``) a slot keeps: its last
+    ``kept`` entries, each naming at most ``entry_max`` tag sets (a write that changes more is
+    logged as "read them all"). At most ~28 bytes per tag set named, so ~5.6 MB a slot at
+    worst and a few KB in a steady state; a reader that falls further behind reads in full."""
+
+    kept: int = 1000
+    entry_max: int = 200
+
+
 def decoded(value: bytes | str) -> str:
     """A key, field or value as Redis returned it (bytes unless the client decodes) → text."""
     return value.decode() if isinstance(value, bytes) else value
@@ -64,6 +75,14 @@ def first_seen_key(slot: str) -> str:
 
 def first_version_key(slot: str) -> str:
     return f"{slot}:first:version"
+
+
+def first_count_key(slot: str) -> str:
+    return f"{slot}:first:count"
+
+
+def first_log_key(slot: str) -> str:
+    return f"{slot}:first:log"
 
 
 def faults_key(slot: str) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from redis import Redis
 
@@ -25,6 +25,8 @@ from connectors.redis_keys import (
     cover,
     decoded,
     faults_key,
+    first_count_key,
+    first_log_key,
     first_seen_key,
     first_version_key,
     history_key,
@@ -53,6 +55,22 @@ return counts
 """
 
 
+# Where a slot's log of first-bucket changes stands, and its entries from the one numbered
+# ARGV[1] on (the newest alone for -1, all for 0): one atomic read, so that the token, the
+# count and the entries agree.
+_FIRSTS_LOG = """
+local count = tonumber(redis.call('GET', KEYS[3]) or '0')
+local len = redis.call('LLEN', KEYS[4])
+local since = tonumber(ARGV[1])
+local from = len - 1
+if since >= 0 then from = math.max(since - (count - len) - 1, 0) end
+return {redis.call('GET', KEYS[2]) or '', redis.call('EXISTS', KEYS[1]), count,
+        redis.call('LRANGE', KEYS[4], from, -1)}
+"""
+# A slot's first buckets stand at its log's entry: (its number, its token).
+FirstsAt = tuple[tuple[str, int, str], ...]
+
+
 class RedisState:
     """Reads what the aggregation wrote; one instance may serve many queries."""
 
@@ -69,6 +87,7 @@ class RedisState:
         # the example rules over 100,000 tag sets peaks at 226–229 MiB instead of 365–368.
         self._shared: dict[Any, Any] = {}
         self._count_members = redis.register_script(_COUNT_MEMBERS)
+        self._firsts_log = redis.register_script(_FIRSTS_LOG)
 
     # -- catalogue ------------------------------------------------------------------
 
@@ -154,22 +173,43 @@ class RedisState:
                 out[key] = min(out.get(key, float(first)), float(first))
         return out
 
-    def firsts_version(self) -> tuple[tuple[str, str], ...] | None:
-        """Every slot's token of its first buckets (``FirstsVersion``), which the aggregation
-        moves whenever it writes them. ``None`` when a slot holds first buckets without a
-        token (written before tokens were): then they are read again as often as before."""
-        slots = self.slots()
-        pipe = self.redis.pipeline(transaction=False)
-        for slot in slots:
-            pipe.get(first_version_key(slot))
-            pipe.exists(first_seen_key(slot))
-        replies = pipe.execute()
-        tokens = []
-        for slot, token, held in zip(slots, replies[::2], replies[1::2], strict=True):
-            if token is None and held:
-                return None
-            tokens.append((slot, "" if token is None else decoded(token)))
-        return tuple(tokens)
+    def firsts_changes(self, since: Hashable | None
+                       ) -> tuple[FirstsAt | None, dict[Dimensions, float] | None]:
+        """What changed in ``firsts`` since ``since`` (``FirstsLog``), from each slot's log of
+        first-bucket changes (one script call a slot). Where the first buckets stand is each
+        slot's last entry: its number and its token. The changes cannot be told when a slot
+        was not read before, when its log moved on past the entry last read or lost it (a
+        Redis that restarted without its last writes), or when the entry says "read them
+        all"; nothing is kept when a slot holds first buckets that were not logged (written
+        before the log was, or beside it)."""
+        marks = {slot: (n, token) for slot, n, token in cast(FirstsAt, since or ())}
+        now: list[tuple[str, int, str]] = []
+        changes: dict[Dimensions, float] | None = {} if since is not None else None
+        for slot in self.slots():
+            mark = marks.get(slot)
+            reply = self._firsts_log(keys=[first_seen_key(slot), first_version_key(slot),
+                                           first_count_key(slot), first_log_key(slot)],
+                                     args=[mark[0] if mark is not None else -1])
+            entries = [_log_entry(raw) for raw in reply[3]]
+            stands = _where_firsts_stand(reply[0], int(reply[1]), int(reply[2]), entries)
+            if stands is None:
+                return None, None
+            now.append((slot, *stands))
+            if changes is not None:
+                told = _told_since(mark, entries)
+                if told is None:
+                    changes = None
+                else:
+                    self._add_changes(slot, told, changes)
+        return tuple(now), changes
+
+    def _add_changes(self, slot: str, told: list[tuple[str, int]],
+                     changes: dict[Dimensions, float]) -> None:
+        self._tagsets(slot, (tsid for tsid, _ in told))
+        for tsid, first in told:
+            key = self._key_of(self._dims[(slot, tsid)])
+            if first < changes.get(key, first + 1):
+                changes[key] = float(first)
 
     def hour_marks(self, hours: Sequence[int]) -> dict[int, int]:
         """Events counted per hour of event time, from the dedup memory (``HourMarks``): a
@@ -337,6 +377,53 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
         else:
             continue
         sums[tsid] = sums.get(tsid, 0) + int(value)
+
+
+LogEntry = tuple[int, str, list[tuple[str, int]] | None]
+
+
+def _log_entry(raw: bytes | str) -> LogEntry:
+    """An entry of a first-bucket log: "<number> <token> <tag set> <slot> ..." → (number,
+    token, the changed first buckets), or ``None`` for them when it says "read them all"."""
+    number, token, *changed = decoded(raw).split(" ")
+    if changed == ["*"]:
+        return int(number), token, None
+    return int(number), token, [(changed[i], int(changed[i + 1]))
+                                for i in range(0, len(changed), 2)]
+
+
+def _where_firsts_stand(token: bytes | str, held: int, count: int, entries: list[LogEntry]
+                        ) -> tuple[int, str] | None:
+    """The number and token of a slot's last log entry; ``None`` when its first buckets
+    changed without an entry: the token is not the last entry's, or buckets are held with
+    no entry at all."""
+    if count == 0:
+        return None if held else (0, "")
+    if not entries or entries[-1][0] != count or entries[-1][1] != decoded(token):
+        return None
+    return count, entries[-1][1]
+
+
+def _told_since(mark: tuple[int, str] | None, entries: list[LogEntry]
+                ) -> list[tuple[str, int]] | None:
+    """The first buckets the entries after ``mark`` changed; ``None`` when that cannot be
+    told: no mark, the marked entry gone or not the same (the log was cut or Redis lost
+    it), or an entry that says "read them all"."""
+    if mark is None:
+        return None
+    number, token = mark
+    if number > 0:
+        if not entries or entries[0][:2] != (number, token):
+            return None
+        entries = entries[1:]
+    elif entries and entries[0][0] != 1:
+        return None
+    told: list[tuple[str, int]] = []
+    for _, _, changed in entries:
+        if changed is None:
+            return None
+        told += changed
+    return told
 
 
 def _points(members: list[bytes]) -> list[tuple[float, float]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from rules.first_buckets import FirstBuckets
 from rules.kept_answers import KeptAnswers, Question, split_rows
 from rules.state import (
     CellView,
@@ -47,8 +48,7 @@ class EvaluationView:
         self._cells: dict[Interval, Mapping[Dimensions, int]] = {}
         self._projections: dict[Interval, dict[Keys, Projection]] = {}
         self._dicts: dict[Dimensions, dict[str, str]] = {}
-        self._firsts: dict[tuple[object, ...], dict[Group, float]] = {}
-        self._read_firsts: dict[Measure, Mapping[Dimensions, float]] = {}
+        self._firsts = self._kept.firsts if self._kept is not None else FirstBuckets()
         self._samples: dict[tuple[object, ...], list[ResourceSamples]] = {}
 
     # -- StateView ------------------------------------------------------------------
@@ -83,25 +83,24 @@ class EvaluationView:
     def _earliest_by(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str]
                      ) -> dict[Group, float]:
         """``earliest`` of every group, from one read of the tag sets' first buckets."""
-        made = self._kept.projected_firsts if self._kept is not None else self._firsts
-        question = ("groups", measure, tuple(sorted(match.items())), tuple(group_by))
+        question = (measure, tuple(sorted(match.items())), tuple(group_by))
+        made = self._firsts.by_group
         answered = made.get(question)
         if answered is None:
-            answered = made[question] = self._earliest_groups(measure, match, group_by, made)
+            answered = made[question] = self._earliest_groups(measure, match, group_by)
         return answered
 
     def _earliest_groups(self, measure: Measure, match: Mapping[str, str],
-                         group_by: Sequence[str], made: dict[tuple[object, ...], dict[Group, float]]
-                         ) -> dict[Group, float]:
+                         group_by: Sequence[str]) -> dict[Group, float]:
         keys = _keys(match, group_by)
-        projected = made.get((measure, keys))
+        projected = self._firsts.by_keys.get((measure, keys))
         if projected is None:
             projected = {}
             for dims, first in self._firsts_of(measure).items():
                 values = self._project_one(dims, keys)
                 if first < projected.get(values, first + 1):
                     projected[values] = first
-            made[(measure, keys)] = projected
+            self._firsts.by_keys[(measure, keys)] = projected
         out: dict[Group, float] = {}
         for values, first in projected.items():
             plain = dict(zip(keys, values, strict=True))
@@ -188,11 +187,10 @@ class EvaluationView:
         return found
 
     def _firsts_of(self, measure: Measure) -> Mapping[Dimensions, float]:
-        kept = self._kept.firsts if self._kept is not None else self._read_firsts
-        found = kept.get(measure)
+        found = self._firsts.by_measure.get(measure)
         if found is None:
             assert isinstance(self._state, CellView)
-            found = kept[measure] = self._state.firsts(measure)
+            found = self._firsts.by_measure[measure] = self._state.firsts(measure)
         return found
 
     def _cells_of(self, interval: Interval) -> Mapping[Dimensions, int]:

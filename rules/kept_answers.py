@@ -15,12 +15,18 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from rules.state import Dimensions, FirstsVersion, Group, HourMarks, Measure, StateView
+from rules.first_buckets import FirstBuckets
+from rules.state import FirstsLog, Group, HourMarks, Measure, StateView
 
 HOUR_S = 3600
 HOT_S = 3600
 """Event time this close to now is read afresh by every evaluation (events a few minutes
 late are the rule, not the exception); hours before it are kept."""
+
+FIRSTS_READ_S = 3600
+"""How long kept first buckets are only brought up to date with their changes before they are
+read in full again: whatever changed them unlogged (a worker from before the log writing
+between two logged writes) is seen within this time."""
 
 FIRST_MARKED_S = 35 * 86_400
 """How far back the first evaluation reads hour marks, so that it keeps its answers already:
@@ -49,13 +55,13 @@ class KeptAnswers:
         self._asked: set[Question] = set()
         self._latest: dict[tuple[object, ...], Question] = {}  # question but its end → question
         self.enabled = False
-        self.firsts: dict[Measure, Mapping[Dimensions, float]] = {}
-        self.projected_firsts: dict[tuple[object, ...], dict[Group, float]] = {}
-        """The tag sets' first buckets, read again on a full evaluation and after a late
-        event, unless the state's ``FirstsVersion`` says they have not changed since they
-        were last read: between ticks only a new group can appear, and fresh data never
+        self.firsts = FirstBuckets()
+        """The tag sets' first buckets, brought up to date with the state's ``FirstsLog``
+        changes on a full evaluation and after a late event (read in full again only when it
+        cannot tell them): between ticks only a new group can appear, and fresh data never
         makes a group's history reach back over a baseline."""
-        self._firsts_version: Hashable | None = None  # the state's token when they were read
+        self._firsts_at: Hashable | None = None  # where the state's first buckets stood
+        self._firsts_read = 0.0  # when they were last read in full
 
     def begin(self, state: StateView, now: float, full: bool = True) -> None:
         """Start an evaluation at ``now`` (``full``: of every rule, on the tick): move the hot
@@ -66,7 +72,7 @@ class KeptAnswers:
             self.clear()
             return
         if full:
-            self._check_firsts(state)
+            self._check_firsts(state, now)
         assert isinstance(state, HourMarks)
         # Answers the last evaluation did not ask for belong to rules or periods gone by.
         self._answers = {q: k for q, k in self._answers.items() if q in self._asked}
@@ -83,7 +89,7 @@ class KeptAnswers:
         moved = [h for h in hours if h in self._marks and marks.get(h, 0) != self._marks[h]]
         self._drop_overlapping(moved)
         if moved and not full:
-            self._check_firsts(state)
+            self._check_firsts(state, now)
         self._marks = {h: marks.get(h, 0) for h in hours}
         self._marked_from = wanted
 
@@ -132,20 +138,26 @@ class KeptAnswers:
     def __len__(self) -> int:
         return len(self._answers)
 
-    def _check_firsts(self, state: StateView) -> None:
-        """Drop the kept first buckets unless the state's ``FirstsVersion`` token is the one
-        they were read under. Asked only on a tick or after a late event (a data-driven
-        evaluation keeps them without asking), and before any first bucket is read: a change
-        after this moves the token again."""
-        version = state.firsts_version() if isinstance(state, FirstsVersion) else None
-        if version is None or version != self._firsts_version:
-            self._forget_firsts(version)
+    def _check_firsts(self, state: StateView, now: float) -> None:
+        """Fold the state's ``FirstsLog`` changes into the kept first buckets, or drop them
+        when it cannot tell the changes. Asked only on a tick or after a late event (a
+        data-driven evaluation keeps them without asking), and before any first bucket is
+        read: a change after this is told next time."""
+        if not isinstance(state, FirstsLog):
+            self._forget_firsts()
+            return
+        at = self._firsts_at if now - self._firsts_read < FIRSTS_READ_S else None
+        stands, changes = state.firsts_changes(at)
+        if changes is None:
+            self._forget_firsts(stands, now)
+            return
+        self.firsts.lower(changes)
+        self._firsts_at = stands
 
-    def _forget_firsts(self, version: Hashable | None = None) -> None:
-        """Drop the first buckets; those read next are the state's as of ``version``."""
+    def _forget_firsts(self, stands: Hashable | None = None, now: float = 0.0) -> None:
+        """Drop the first buckets; those read next are the state's as it ``stands``."""
         self.firsts.clear()
-        self.projected_firsts.clear()
-        self._firsts_version = version
+        self._firsts_at, self._firsts_read = stands, now
 
     def _drop_overlapping(self, hours: list[int]) -> None:
         if not hours:

@@ -108,20 +108,28 @@ class CellView(Protocol):
         """Every tag set's sum of ``measure`` over [start, end) (zero sums may be absent)."""
         ...
 
-    def firsts(self, measure: Measure) -> Mapping[Dimensions, float]:
-        """Start of the oldest bucket of every tag set holding ``measure``."""
+    def firsts(self, measure: Measure) -> dict[Dimensions, float]:
+        """Start of the oldest bucket of every tag set holding ``measure``: a dict of the
+        caller's own, which it may keep and change."""
         ...
 
 
 @runtime_checkable
-class FirstsVersion(Protocol):
-    """Optional: a token that moves whenever ``CellView.firsts`` would answer differently
-    (a new tag set, an earlier first bucket). The tag sets' first buckets are read in full
-    and grouped for every growth-type rule, so they are kept between evaluations, also
-    full ones, for as long as the token stays the same."""
+class FirstsLog(Protocol):
+    """Optional: what changed in ``CellView.firsts`` since an earlier reading. The tag sets'
+    first buckets are read in full and grouped for every growth-type rule, so they are kept
+    between evaluations, also full ones, and brought up to date with the changes alone (a
+    new tag set, an earlier first bucket: a first bucket only ever moves back). The changes
+    hold for ``firsts`` of every measure: a tag set has one first bucket, whatever the
+    measure."""
 
-    def firsts_version(self) -> Hashable | None:
-        """The token, or ``None`` when the state cannot tell (then nothing is kept)."""
+    def firsts_changes(self, since: Hashable | None
+                       ) -> tuple[Hashable | None, Mapping[Dimensions, float] | None]:
+        """``(now, changes)``. ``now`` names where the first buckets stand, to pass as
+        ``since`` next time (``None`` when the state cannot tell: then nothing is kept).
+        ``changes`` are the first buckets added or moved back since ``since``, or ``None``
+        when they cannot be told (``since`` is ``None``, or too old): read them all with
+        ``firsts``, after this call, so that a change in between is told next time."""
         ...
 
 

@@ -4,14 +4,20 @@ cells and first buckets read once, answers about past hours kept, late events no
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import pytest
 from redis import Redis
 
-from connectors.redis_keys import first_version_key, slot_tag
-from connectors.redis_state import RedisState
+from connectors.redis_keys import (
+    FirstsLogSize,
+    first_count_key,
+    first_log_key,
+    first_version_key,
+    slot_tag,
+)
+from connectors.redis_state import FirstsAt, RedisState
 from rules.engine import Engine
 from rules.events import AnyEvent
 from rules.kept_answers import KeptAnswers
@@ -109,50 +115,114 @@ async def test_tag_sets_share_the_keys_values_and_pairs_they_repeat(
 
 
 class CountingState(RedisState):
-    """Counts the full reads of the tag sets' first buckets, and of their tokens."""
+    """Counts the full reads of the tag sets' first buckets, and the reads of their log."""
 
-    first_reads = version_reads = 0
+    first_reads = log_reads = 0
 
     def firsts(self, measure: Measure) -> dict[Dimensions, float]:
         self.first_reads += 1
         return super().firsts(measure)
 
-    def firsts_version(self) -> tuple[tuple[str, str], ...] | None:
-        self.version_reads += 1
-        return super().firsts_version()
+    def firsts_changes(self, since: Hashable | None
+                       ) -> tuple[FirstsAt | None, dict[Dimensions, float] | None]:
+        self.log_reads += 1
+        return super().firsts_changes(since)
 
 
-async def test_first_buckets_are_read_again_only_after_the_aggregation_changed_them(
+GROWTH = rule(kind="growth", name="growth", group_by=["team"], window="1h", baseline="1d",
+              ratio=2)
+
+
+def _history(team: str, since: float) -> list[AnyEvent]:
+    """Steady hourly spend from ``since`` on, then ten times as much in the last hour."""
+    hours = int((T0 - 2 * HOUR - since) // HOUR) + 1
+    return ([usage(since + i * HOUR, 1.0, team=team) for i in range(hours)]
+            + [usage(T0 - 30 * MIN, 10.0, team=team)])
+
+
+class Growth:
+    """The growth rule evaluated in full, as on the tick, with answers kept between."""
+
+    def __init__(self, redis_url: str, namespace: str) -> None:
+        self.client = Redis.from_url(redis_url)
+        self.state, self.kept = CountingState(self.client, namespace, "UTC"), KeptAnswers()
+        self.engine = Engine(RuleSet((GROWTH,)), "USD")
+        self.fresh = RedisState(self.client, namespace, "UTC")
+
+    def found(self, now: float = T0) -> list[dict[str, str]]:
+        return [dict(f.group) for f in self.engine.findings(self.state, now, self.kept)["growth"]]
+
+    def kept_matches_a_fresh_read(self) -> bool:
+        return self.kept.firsts.by_measure["cost"] == self.fresh.firsts("cost")
+
+
+async def test_first_buckets_are_kept_up_to_date_with_their_changes_alone(
         redis_writer: Writer, redis_url: str, namespace: str) -> None:
-    growth = rule(kind="growth", name="growth", group_by=["team"], window="1h",
-                  baseline="1d", ratio=2)
-    engine = Engine(RuleSet((growth,)), "USD")
-    client = Redis.from_url(redis_url)
-    state, kept = CountingState(client, namespace, "UTC"), KeptAnswers()
-
-    def found() -> list[Group]:  # every evaluation here is a full one, as on the tick
-        return [dict(f.group) for f in engine.findings(state, T0, kept)["growth"]]
-
-    # Team a spends steadily for the last 20 hours, then ten times as much in the last one:
-    # it grew, but its history does not cover the day-long baseline yet.
-    await redis_writer.write([usage(T0 - 20 * HOUR + i * HOUR, 1.0, team="a")
-                              for i in range(19)] + [usage(T0 - 30 * MIN, 10.0, team="a")])
-    assert found() == [] and state.first_reads == 1
+    growth = Growth(redis_url, namespace)
+    state = growth.state
+    # Team a grew in the last hour, but its history does not cover the day-long baseline yet.
+    await redis_writer.write(_history("a", T0 - 20 * HOUR))
+    assert growth.found() == [] and state.first_reads == 1
     # More spend of the same tag set, no earlier first bucket: nothing to read again.
     await redis_writer.write([usage(T0 - 20 * MIN, 1.0, team="a")])
-    assert found() == [] and found() == [] and state.first_reads == 1
-    # A data-driven evaluation with no late event does not even ask for the tokens.
-    asked = state.version_reads
-    engine.findings(state, T0, kept, reuse={})
-    assert state.version_reads == asked and state.first_reads == 1
-    # A late event two days back: team a's history now covers the baseline.
+    assert growth.found() == [] and growth.found() == [] and state.first_reads == 1
+    # A data-driven evaluation with no late event does not even ask for the changes.
+    asked = state.log_reads
+    growth.engine.findings(state, T0, growth.kept, reuse={})
+    assert state.log_reads == asked
+    # A late event two days back: team a's history now covers the baseline. Its first bucket
+    # comes from the log, not from reading them all again.
     await redis_writer.write([usage(T0 - 2 * DAY, 1.0, team="a")])
-    assert found() == [{"team": "a"}] and state.first_reads == 2
-    # A new tag set moves the token too.
-    await redis_writer.write([usage(T0 - 10 * MIN, 1.0, team="b")])
-    assert found() == [{"team": "a"}] and state.first_reads == 3
-    # First buckets without a token (written by a worker from before tokens): read every time.
-    client.delete(first_version_key(slot_tag(namespace, "usage", 0)))
-    assert state.firsts_version() is None
-    assert found() == [{"team": "a"}] and found() == [{"team": "a"}]
-    assert state.first_reads == 5
+    assert growth.found() == [{"team": "a"}] and state.first_reads == 1
+    # A new tag set whose history covers the baseline, written late: found the same way.
+    await redis_writer.write(_history("b", T0 - 30 * HOUR))
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 1
+    assert growth.kept_matches_a_fresh_read()
+
+
+async def test_first_buckets_are_read_in_full_when_their_changes_cannot_be_told(
+        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    growth = Growth(redis_url, namespace)
+    state, client, writer = growth.state, growth.client, redis_writer.writer
+    slot = slot_tag(namespace, "usage", 0)
+    await redis_writer.write(_history("a", T0 - 2 * DAY))
+    assert growth.found() == [{"team": "a"}] and state.first_reads == 1
+    assert growth.found() == [{"team": "a"}] and state.first_reads == 1
+
+    # First buckets written without a log (by a worker from before it): read every time,
+    # until a logged change says where they stand.
+    client.delete(first_log_key(slot), first_count_key(slot))
+    assert growth.found() == [{"team": "a"}] and growth.found() == [{"team": "a"}]
+    assert state.first_reads == 3
+    await redis_writer.write(_history("b", T0 - 3 * DAY))
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 4
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 4
+
+    # The log moved on past the entry last read: only its last two entries are kept.
+    writer.firsts_log = FirstsLogSize(kept=2, entry_max=200)
+    for team in ("c", "d", "e"):
+        await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=team)])
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 5
+    # An entry that names more tag sets than an entry may says "read them all".
+    writer.firsts_log = FirstsLogSize(kept=1000, entry_max=1)
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=team) for team in ("f", "g")])
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 6
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="h")])
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 6
+
+    # Redis lost the last logged write (it restarted without it) and the next one took its
+    # number: the entry last read is not the same any more.
+    entry = client.rpop(first_log_key(slot))
+    number = int(entry.split(b" ")[0])  # type: ignore[union-attr]
+    client.decr(first_count_key(slot))
+    client.set(first_version_key(slot), client.lindex(first_log_key(slot), -1).split(b" ")[1])  # type: ignore[union-attr]
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="i")])
+    assert int(client.get(first_count_key(slot))) == number  # type: ignore[arg-type]
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 7
+
+    # However well the log tells them, they are read in full again after an hour.
+    assert growth.found(T0 + 10 * MIN) == [{"team": "a"}, {"team": "b"}]
+    assert state.first_reads == 7
+    growth.found(T0 + HOUR)  # the spike has left the window by then
+    assert state.first_reads == 8
+    assert growth.kept_matches_a_fresh_read()
