@@ -51,7 +51,7 @@ FAULTS_KEPT_S = 7 * 86400
 #  15 exact:   1 when the batch's amounts add up past 2^53: the script then leaves every
 #              addition to Redis's integers instead of summing in Lua's doubles
 #  16 limit:   the most a bucket field may hold (``SUM_LIMIT``)
-#  17 first-bucket log: {entries kept, tag sets one entry may name} (``FirstsLogSize``)
+#  17 first-bucket log: {entries it keeps, tag sets they may name} (``FirstsLogSize``)
 # Replies: {2} applied; {0, stored watermark}; {1, positions of counted digests};
 # {3, "<bucket key> <field>", its stored value, ... for each sum the batch would take past
 # the limit}.
@@ -196,11 +196,23 @@ if #tagsets > 0 then
     local token = now[1] .. '.' .. now[2]
     redis.call('SET', firsts .. ':version', token)
     local n = redis.call('INCR', firsts .. ':count')
-    local kept, entry_max = a[17][1], a[17][2]
-    -- a batch that changes many (a worker's first windows) is logged as '*': read them all
-    local changed = #lowered <= 2 * entry_max and table.concat(lowered, ' ') or '*'
-    redis.call('RPUSH', firsts .. ':log', n .. ' ' .. token .. ' ' .. changed)
-    redis.call('LTRIM', firsts .. ':log', -kept, -1)
+    local log, entries, most = firsts .. ':log', a[17][1], a[17][2]
+    -- a batch that changes more than the log may name (a worker's first windows) is logged
+    -- as '*': read them all
+    local named, changed = #lowered / 2, table.concat(lowered, ' ')
+    if named > most then named, changed = 0, '*' end
+    redis.call('RPUSH', log, n .. ' ' .. token .. ' ' .. named .. ' ' .. changed)
+    -- the oldest entries go while the log is longer or names more than it may (this cannot
+    -- fail: an error here would leave the batch half written)
+    local total = redis.call('INCRBY', log .. ':named', named)
+    local len = redis.call('LLEN', log)
+    while len > 1 and (len > entries or total > most) do
+      local oldest = redis.call('LPOP', log)
+      total = total - (tonumber(string.match(oldest, '^%S+ %S+ (%d+)')) or 0)
+      len = len - 1
+    end
+    if len == 1 then total = named end
+    redis.call('SET', log .. ':named', total)
   end
 end
 if a[15] == 1 then
@@ -344,7 +356,7 @@ class BatchWriter:
             seen, [field for entry in tagsets for field in entry], self._buckets(slot, tally),
             _cells(tally),
             _latest(tally), _history(tally), _faults(tally), _needs_exact(tally),
-            str(SUM_LIMIT), [self.firsts_log.kept, self.firsts_log.entry_max],
+            str(SUM_LIMIT), [self.firsts_log.entries, self.firsts_log.named],
         ], use_bin_type=False)
         return packed, order
 

@@ -36,12 +36,13 @@ class Retention:
 @dataclass(frozen=True)
 class FirstsLogSize:
     """How much of the log of first-bucket changes (``S:first:log``) a slot keeps: its last
-    ``kept`` entries, each naming at most ``entry_max`` tag sets (a write that changes more is
-    logged as "read them all"). At most ~28 bytes per tag set named, so ~5.6 MB a slot at
-    worst and a few KB in a steady state; a reader that falls further behind reads in full."""
+    ``entries`` entries, as long as they name at most ``named`` tag sets in all (~28 bytes
+    each); a write that changes more than that is logged as "read them all". So ~1.9 MB a
+    slot at most, a few KB in a steady state; a reader that falls further behind reads in
+    full."""
 
-    kept: int = 1000
-    entry_max: int = 200
+    entries: int = 10_000
+    named: int = 50_000
 
 
 def decoded(value: bytes | str) -> str:

@@ -383,9 +383,10 @@ LogEntry = tuple[int, str, list[tuple[str, int]] | None]
 
 
 def _log_entry(raw: bytes | str) -> LogEntry:
-    """An entry of a first-bucket log: "<number> <token> <tag set> <slot> ..." → (number,
-    token, the changed first buckets), or ``None`` for them when it says "read them all"."""
-    number, token, *changed = decoded(raw).split(" ")
+    """An entry of a first-bucket log: "<number> <token> <how many> <tag set> <slot> ..." →
+    (number, token, the changed first buckets), or ``None`` for them when it says "read them
+    all"."""
+    number, token, _, *changed = decoded(raw).split(" ")
     if changed == ["*"]:
         return int(number), token, None
     return int(number), token, [(changed[i], int(changed[i + 1]))

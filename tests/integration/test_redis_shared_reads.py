@@ -198,17 +198,24 @@ async def test_first_buckets_are_read_in_full_when_their_changes_cannot_be_told(
     assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 4
     assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 4
 
-    # The log moved on past the entry last read: only its last two entries are kept.
-    writer.firsts_log = FirstsLogSize(kept=2, entry_max=200)
-    for team in ("c", "d", "e"):
-        await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=team)])
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 5
-    # An entry that names more tag sets than an entry may says "read them all".
-    writer.firsts_log = FirstsLogSize(kept=1000, entry_max=1)
-    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=team) for team in ("f", "g")])
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 6
-    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="h")])
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 6
+    # The log moved on past the entry last read: it keeps only its last two entries, then
+    # only those naming three tag sets in all.
+    for size, written in ((FirstsLogSize(entries=2), [["c"], ["d"], ["e"]]),
+                          (FirstsLogSize(named=3), [["f", "g"], ["h", "i"]])):
+        writer.firsts_log = size
+        for teams in written:
+            await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=t) for t in teams])
+        reads = state.first_reads
+        assert growth.found() == [{"team": "a"}, {"team": "b"}]
+        assert state.first_reads == reads + 1
+    log = client.lrange(first_log_key(slot), 0, -1)
+    assert [entry.split(b" ")[2] for entry in log] == [b"2"]  # ["h", "i"]
+    # A write that changes more than the log may name says "read them all".
+    writer.firsts_log = FirstsLogSize(named=1)
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=team) for team in ("j", "k")])
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 7
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="l")])
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 7
 
     # Redis lost the last logged write (it restarted without it) and the next one took its
     # number: the entry last read is not the same any more.
@@ -216,13 +223,13 @@ async def test_first_buckets_are_read_in_full_when_their_changes_cannot_be_told(
     number = int(entry.split(b" ")[0])  # type: ignore[union-attr]
     client.decr(first_count_key(slot))
     client.set(first_version_key(slot), client.lindex(first_log_key(slot), -1).split(b" ")[1])  # type: ignore[union-attr]
-    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="i")])
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="m")])
     assert int(client.get(first_count_key(slot))) == number  # type: ignore[arg-type]
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 7
+    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 8
 
     # However well the log tells them, they are read in full again after an hour.
     assert growth.found(T0 + 10 * MIN) == [{"team": "a"}, {"team": "b"}]
-    assert state.first_reads == 7
-    growth.found(T0 + HOUR)  # the spike has left the window by then
     assert state.first_reads == 8
+    growth.found(T0 + HOUR)  # the spike has left the window by then
+    assert state.first_reads == 9
     assert growth.kept_matches_a_fresh_read()
