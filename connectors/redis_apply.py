@@ -84,6 +84,8 @@ end
 -- left to HINCRBY (``big``), and only compared with the limit here, with room for the
 -- doubles' rounding.
 local LIMIT = tonumber(a[16])
+-- read before anything is written: a payload without them fails here, not halfway
+local LOG_ENTRIES, LOG_NAMED = tonumber(a[17][1]), tonumber(a[17][2])
 local function plan(key, fields, out, big, over)
   local names, deltas = {}, {}
   for field, delta in pairs(fields) do
@@ -196,23 +198,25 @@ if #tagsets > 0 then
     local token = now[1] .. '.' .. now[2]
     redis.call('SET', firsts .. ':version', token)
     local n = redis.call('INCR', firsts .. ':count')
-    local log, entries, most = firsts .. ':log', a[17][1], a[17][2]
+    local log = firsts .. ':log'
     -- a batch that changes more than the log may name (a worker's first windows) is logged
     -- as '*': read them all
-    local named, changed = #lowered / 2, table.concat(lowered, ' ')
-    if named > most then named, changed = 0, '*' end
+    local named, changed = #lowered / 2, '*'
+    if named <= LOG_NAMED then changed = table.concat(lowered, ' ') else named = 0 end
     redis.call('RPUSH', log, n .. ' ' .. token .. ' ' .. named .. ' ' .. changed)
     -- the oldest entries go while the log is longer or names more than it may (this cannot
     -- fail: an error here would leave the batch half written)
-    local total = redis.call('INCRBY', log .. ':named', named)
+    local total = tonumber(redis.call('GET', log .. ':named') or '0') + named
     local len = redis.call('LLEN', log)
-    while len > 1 and (len > entries or total > most) do
+    while len > 1 and (len > LOG_ENTRIES or total > LOG_NAMED) do
       local oldest = redis.call('LPOP', log)
       total = total - (tonumber(string.match(oldest, '^%S+ %S+ (%d+)')) or 0)
       len = len - 1
     end
+    -- with one entry left the count is that entry's: a count that drifted (its key lost
+    -- while the log was not) is right again
     if len == 1 then total = named end
-    redis.call('SET', log .. ':named', total)
+    redis.call('SET', log .. ':named', math.max(total, 0))
   end
 end
 if a[15] == 1 then

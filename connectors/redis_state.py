@@ -64,11 +64,18 @@ local len = redis.call('LLEN', KEYS[4])
 local since = tonumber(ARGV[1])
 local from = len - 1
 if since >= 0 then from = math.max(since - (count - len) - 1, 0) end
+-- past the newest (a Redis that lost writes counts less than was read): the newest, which
+-- then is not the entry last read
+from = math.min(from, math.max(len - 1, 0))
 return {redis.call('GET', KEYS[2]) or '', redis.call('EXISTS', KEYS[1]), count,
         redis.call('LRANGE', KEYS[4], from, -1)}
 """
-# A slot's first buckets stand at its log's entry: (its number, its token).
+# Where every slot's first buckets stand: (slot, the number of its log's last entry, that
+# entry's token).
 FirstsAt = tuple[tuple[str, int, str], ...]
+# An entry of a slot's log: its number, its token, and the first buckets it changed (tag set
+# id, slot start), or None for "read them all".
+LogEntry = tuple[int, str, list[tuple[str, int]] | None]
 
 
 class RedisState:
@@ -196,7 +203,7 @@ class RedisState:
                 return None, None
             now.append((slot, *stands))
             if changes is not None:
-                told = _told_since(mark, entries)
+                told = _told_since(mark, stands, entries)
                 if told is None:
                     changes = None
                 else:
@@ -379,9 +386,6 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
         sums[tsid] = sums.get(tsid, 0) + int(value)
 
 
-LogEntry = tuple[int, str, list[tuple[str, int]] | None]
-
-
 def _log_entry(raw: bytes | str) -> LogEntry:
     """An entry of a first-bucket log: "<number> <token> <how many> <tag set> <slot> ..." →
     (number, token, the changed first buckets), or ``None`` for them when it says "read them
@@ -395,30 +399,35 @@ def _log_entry(raw: bytes | str) -> LogEntry:
 
 def _where_firsts_stand(token: bytes | str, held: int, count: int, entries: list[LogEntry]
                         ) -> tuple[int, str] | None:
-    """The number and token of a slot's last log entry; ``None`` when its first buckets
-    changed without an entry: the token is not the last entry's, or buckets are held with
-    no entry at all."""
+    """The number and token of a slot's last log entry (number 0 and the slot's token before
+    any entry). ``None`` when its first buckets changed without an entry: the token is not
+    the last entry's, or buckets are held with neither entry nor token (written before
+    tokens were)."""
+    token = decoded(token)
     if count == 0:
-        return None if held else (0, "")
-    if not entries or entries[-1][0] != count or entries[-1][1] != decoded(token):
+        return None if held and not token else (0, token)
+    if not entries or entries[-1][0] != count or entries[-1][1] != token:
         return None
-    return count, entries[-1][1]
+    return count, token
 
 
-def _told_since(mark: tuple[int, str] | None, entries: list[LogEntry]
+def _told_since(mark: tuple[int, str] | None, stands: tuple[int, str], entries: list[LogEntry]
                 ) -> list[tuple[str, int]] | None:
-    """The first buckets the entries after ``mark`` changed; ``None`` when that cannot be
-    told: no mark, the marked entry gone or not the same (the log was cut or Redis lost
-    it), or an entry that says "read them all"."""
+    """The first buckets the entries after ``mark`` changed, up to where the slot
+    ``stands``; ``None`` when that cannot be told: no mark, the marked entry gone or not the
+    same (the log was cut or Redis lost it), a mark from before the log whose token moved
+    (what changed then was not logged), or an entry that says "read them all"."""
     if mark is None:
         return None
+    if mark == stands:
+        return []
     number, token = mark
     if number > 0:
-        if not entries or entries[0][:2] != (number, token):
+        if not entries or entries[0][:2] != mark:
             return None
         entries = entries[1:]
-    elif entries and entries[0][0] != 1:
-        return None
+    elif token or stands[0] == 0 or entries[0][0] != 1:
+        return None  # from before the log, or still without one: did it change unlogged?
     told: list[tuple[str, int]] = []
     for _, _, changed in entries:
         if changed is None:

@@ -26,7 +26,8 @@ late are the rule, not the exception); hours before it are kept."""
 FIRSTS_READ_S = 3600
 """How long kept first buckets are only brought up to date with their changes before they are
 read in full again: whatever changed them unlogged (a worker from before the log writing
-between two logged writes) is seen within this time."""
+between two logged writes, or one from before tokens writing at all) is seen within this
+time."""
 
 FIRST_MARKED_S = 35 * 86_400
 """How far back the first evaluation reads hour marks, so that it keeps its answers already:
@@ -146,7 +147,7 @@ class KeptAnswers:
         if not isinstance(state, FirstsLog):
             self._forget_firsts()
             return
-        at = self._firsts_at if now - self._firsts_read < FIRSTS_READ_S else None
+        at = self._firsts_at if abs(now - self._firsts_read) < FIRSTS_READ_S else None
         stands, changes = state.firsts_changes(at)
         if changes is None:
             self._forget_firsts(stands, now)

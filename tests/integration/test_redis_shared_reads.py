@@ -185,51 +185,68 @@ async def test_first_buckets_are_read_in_full_when_their_changes_cannot_be_told(
     growth = Growth(redis_url, namespace)
     state, client, writer = growth.state, growth.client, redis_writer.writer
     slot = slot_tag(namespace, "usage", 0)
-    await redis_writer.write(_history("a", T0 - 2 * DAY))
-    assert growth.found() == [{"team": "a"}] and state.first_reads == 1
-    assert growth.found() == [{"team": "a"}] and state.first_reads == 1
+    log, count, version = first_log_key(slot), first_count_key(slot), first_version_key(slot)
+    both = [{"team": "a"}, {"team": "b"}]
 
-    # First buckets written without a log (by a worker from before it): read every time,
-    # until a logged change says where they stand.
-    client.delete(first_log_key(slot), first_count_key(slot))
-    assert growth.found() == [{"team": "a"}] and growth.found() == [{"team": "a"}]
-    assert state.first_reads == 3
-    await redis_writer.write(_history("b", T0 - 3 * DAY))
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 4
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 4
+    def reads_in_full(now: float = T0) -> int:
+        """First-bucket reads of one evaluation, which must find teams a and b."""
+        reads = state.first_reads
+        assert growth.found(now) == both
+        return state.first_reads - reads
+
+    await redis_writer.write(_history("a", T0 - 2 * DAY) + _history("b", T0 - 3 * DAY))
+    assert reads_in_full() == 1 and reads_in_full() == 0
+
+    # First buckets with a token and no log (written by a worker from before the log): read
+    # once more, then kept while the token stays.
+    client.delete(log, count)
+    assert reads_in_full() == 1 and reads_in_full() == 0
+    # With neither (written before tokens were): read every time.
+    client.delete(version)
+    assert reads_in_full() == 1 and reads_in_full() == 1
+    # A logged change says where they stand again: read once more, then its changes alone.
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="c")])
+    assert reads_in_full() == 1 and reads_in_full() == 0
 
     # The log moved on past the entry last read: it keeps only its last two entries, then
     # only those naming three tag sets in all.
-    for size, written in ((FirstsLogSize(entries=2), [["c"], ["d"], ["e"]]),
-                          (FirstsLogSize(named=3), [["f", "g"], ["h", "i"]])):
+    for size, written in ((FirstsLogSize(entries=2), [["d"], ["e"], ["f"]]),
+                          (FirstsLogSize(named=3), [["g", "h"], ["i", "j"]])):
         writer.firsts_log = size
         for teams in written:
             await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=t) for t in teams])
-        reads = state.first_reads
-        assert growth.found() == [{"team": "a"}, {"team": "b"}]
-        assert state.first_reads == reads + 1
-    log = client.lrange(first_log_key(slot), 0, -1)
-    assert [entry.split(b" ")[2] for entry in log] == [b"2"]  # ["h", "i"]
+        assert reads_in_full() == 1 and reads_in_full() == 0
+    assert [entry.split(b" ")[2] for entry in client.lrange(log, 0, -1)] == [b"2"]  # i, j
     # A write that changes more than the log may name says "read them all".
     writer.firsts_log = FirstsLogSize(named=1)
-    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=team) for team in ("j", "k")])
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 7
-    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="l")])
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 7
-
-    # Redis lost the last logged write (it restarted without it) and the next one took its
-    # number: the entry last read is not the same any more.
-    entry = client.rpop(first_log_key(slot))
-    number = int(entry.split(b" ")[0])  # type: ignore[union-attr]
-    client.decr(first_count_key(slot))
-    client.set(first_version_key(slot), client.lindex(first_log_key(slot), -1).split(b" ")[1])  # type: ignore[union-attr]
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=team) for team in ("k", "l")])
+    assert reads_in_full() == 1
     await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="m")])
-    assert int(client.get(first_count_key(slot))) == number  # type: ignore[arg-type]
-    assert growth.found() == [{"team": "a"}, {"team": "b"}] and state.first_reads == 8
+    assert reads_in_full() == 0
+
+    def lose_last_entry() -> int:
+        """As a Redis that restarted without its last write: the log one entry shorter."""
+        number = int(client.rpop(log).split(b" ")[0])  # type: ignore[union-attr]
+        client.decr(count)
+        client.set(version, client.lindex(log, -1).split(b" ")[1])  # type: ignore[union-attr]
+        return number
+
+    writer.firsts_log = FirstsLogSize()
+    for team in ("n", "o", "p"):
+        await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team=team)])
+    assert reads_in_full() == 0
+    # Redis lost the entry last read: the log counts less than was read.
+    lose_last_entry()
+    assert reads_in_full() == 1 and reads_in_full() == 0
+    # It lost it, and the next write took its number: the entry last read is not the same.
+    number = lose_last_entry()
+    await redis_writer.write([usage(T0 - 40 * MIN, 1.0, team="q")])
+    assert int(client.get(count)) == number  # type: ignore[arg-type]
+    assert reads_in_full() == 1 and reads_in_full() == 0
 
     # However well the log tells them, they are read in full again after an hour.
-    assert growth.found(T0 + 10 * MIN) == [{"team": "a"}, {"team": "b"}]
-    assert state.first_reads == 8
-    growth.found(T0 + HOUR)  # the spike has left the window by then
-    assert state.first_reads == 9
+    assert reads_in_full(T0 + 10 * MIN) == 0
+    reads = state.first_reads
+    growth.found(T0 + HOUR)  # the spikes have left the window by then
+    assert state.first_reads == reads + 1
     assert growth.kept_matches_a_fresh_read()
