@@ -186,9 +186,10 @@ class RedisState:
         first-bucket changes (one script call a slot). Where the first buckets stand is each
         slot's last entry: its number and its token. The changes cannot be told when a slot
         was not read before, when its log moved on past the entry last read or lost it (a
-        Redis that restarted without its last writes), or when the entry says "read them
-        all"; nothing is kept when a slot holds first buckets that were not logged (written
-        before the log was, or beside it)."""
+        Redis that restarted without its last writes), or when an entry says "read them
+        all"; nothing is kept while a slot's first buckets changed without an entry (its
+        token is not its last entry's) or are held with neither (written before tokens
+        were)."""
         marks = {slot: (n, token) for slot, n, token in cast(FirstsAt, since or ())}
         now: list[tuple[str, int, str]] = []
         changes: dict[Dimensions, float] | None = {} if since is not None else None
