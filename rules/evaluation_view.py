@@ -25,6 +25,7 @@ from rules.kept_answers import KeptAnswers, Question, split_rows
 from rules.state import (
     CellView,
     Dimensions,
+    FirstsLog,
     Group,
     Measure,
     ResourceSamples,
@@ -49,6 +50,9 @@ class EvaluationView:
         self._projections: dict[Interval, dict[Keys, Projection]] = {}
         self._dicts: dict[Dimensions, dict[str, str]] = {}
         self._firsts = self._kept.firsts if self._kept is not None else FirstBuckets()
+        # A state that logs its first buckets' changes keeps one per tag set, whatever the
+        # measure (``FirstsLog``): they are read, projected and grouped once for all measures.
+        self._firsts_per_measure = not isinstance(state, FirstsLog)
         self._samples: dict[tuple[object, ...], list[ResourceSamples]] = {}
 
     # -- StateView ------------------------------------------------------------------
@@ -83,7 +87,8 @@ class EvaluationView:
     def _earliest_by(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str]
                      ) -> dict[Group, float]:
         """``earliest`` of every group, from one read of the tag sets' first buckets."""
-        question = (measure, tuple(sorted(match.items())), tuple(group_by))
+        question = (self._firsts_of_measure(measure), tuple(sorted(match.items())),
+                    tuple(group_by))
         made = self._firsts.by_group
         answered = made.get(question)
         if answered is None:
@@ -93,14 +98,15 @@ class EvaluationView:
     def _earliest_groups(self, measure: Measure, match: Mapping[str, str],
                          group_by: Sequence[str]) -> dict[Group, float]:
         keys = _keys(match, group_by)
-        projected = self._firsts.by_keys.get((measure, keys))
+        question = (self._firsts_of_measure(measure), keys)
+        projected = self._firsts.by_keys.get(question)
         if projected is None:
             projected = {}
             for dims, first in self._firsts_of(measure).items():
                 values = self._project_one(dims, keys)
                 if first < projected.get(values, first + 1):
                     projected[values] = first
-            self._firsts.by_keys[(measure, keys)] = projected
+            self._firsts.by_keys[question] = projected
         out: dict[Group, float] = {}
         for values, first in projected.items():
             plain = dict(zip(keys, values, strict=True))
@@ -187,11 +193,17 @@ class EvaluationView:
         return found
 
     def _firsts_of(self, measure: Measure) -> Mapping[Dimensions, float]:
-        found = self._firsts.by_measure.get(measure)
+        kept = self._firsts_of_measure(measure)
+        found = self._firsts.by_measure.get(kept)
         if found is None:
             assert isinstance(self._state, CellView)
-            found = self._firsts.by_measure[measure] = self._state.firsts(measure)
+            found = self._firsts.by_measure[kept] = self._state.firsts(measure)
         return found
+
+    def _firsts_of_measure(self, measure: Measure) -> Measure | None:
+        """Which measure's first buckets answer for ``measure``: its own, or (``None``) those
+        every measure shares."""
+        return measure if self._firsts_per_measure else None
 
     def _cells_of(self, interval: Interval) -> Mapping[Dimensions, int]:
         found = self._cells.get(interval)

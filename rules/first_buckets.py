@@ -23,12 +23,12 @@ K = TypeVar("K", bound=tuple[object, ...])
 
 @dataclass
 class FirstBuckets:
-    by_measure: dict[Measure, dict[Dimensions, float]] = field(default_factory=dict)
-    """Every tag set's first bucket, as read for a measure."""
-    by_keys: dict[tuple[Measure, Keys], dict[tuple[str, ...], float]] = field(
+    by_measure: dict[Measure | None, dict[Dimensions, float]] = field(default_factory=dict)
+    """Every tag set's first bucket, as read for a measure (``None``: for all of them)."""
+    by_keys: dict[tuple[Measure | None, Keys], dict[tuple[str, ...], float]] = field(
         default_factory=dict)
     """The earliest of the tag sets sharing the values of some dimensions."""
-    by_group: dict[tuple[Measure, MatchItems, Keys], dict[Group, float]] = field(
+    by_group: dict[tuple[Measure | None, MatchItems, Keys], dict[Group, float]] = field(
         default_factory=dict)
     """The earliest of each group of a question (its match and group-by)."""
 

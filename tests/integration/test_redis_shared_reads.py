@@ -153,7 +153,7 @@ class Growth:
         return [dict(f.group) for f in self.engine.findings(self.state, now, self.kept)["growth"]]
 
     def kept_matches_a_fresh_read(self) -> bool:
-        return self.kept.firsts.by_measure["cost"] == self.fresh.firsts("cost")
+        return self.kept.firsts.by_measure[None] == self.fresh.firsts("cost")
 
 
 async def test_first_buckets_are_kept_up_to_date_with_their_changes_alone(
@@ -250,3 +250,21 @@ async def test_first_buckets_are_read_in_full_when_their_changes_cannot_be_told(
     growth.found(T0 + HOUR)  # the spikes have left the window by then
     assert state.first_reads == reads + 1
     assert growth.kept_matches_a_fresh_read()
+
+
+async def test_first_buckets_are_read_once_for_every_measure(
+        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    # Redis keeps one first bucket per tag set, whatever the measure: growth of spend and of
+    # GPU-hours share one read of them, and each finds what it would alone.
+    by_hours = rule(kind="growth", name="gpu-hours", metric="quantity",
+                    match={"resource_type": "gpu.h100"}, group_by=["team"], window="1h",
+                    baseline="1d", ratio=2)
+    await redis_writer.write(_history("a", T0 - 2 * DAY))
+    state = CountingState(Redis.from_url(redis_url), namespace, "UTC")
+    both = Engine(RuleSet((GROWTH, by_hours)), "USD").findings(state, T0, KeptAnswers())
+    assert state.first_reads == 1
+    for alone in (GROWTH, by_hours):
+        fresh = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+        expected = Engine(RuleSet((alone,)), "USD").findings(fresh, T0)[alone.name]
+        assert both[alone.name] == expected and [dict(f.group) for f in expected] == [
+            {"team": "a"}]
