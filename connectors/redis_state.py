@@ -136,10 +136,15 @@ class RedisState:
 
     def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
                start: float, end: float) -> dict[Group, int]:
+        return self._totals(measure, match, group_by, start, end, {})
+
+    def _totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
+                start: float, end: float, decided: dict[int, Group | None]
+                ) -> dict[Group, int]:
+        """``totals``; ``decided`` holds each tag set's group (``None``: not matched) by the
+        id of its dimensions, which never change and are kept in ``_dims``: decided once per
+        query, also when a query sums many intervals."""
         out: dict[Group, int] = defaultdict(int)
-        # A tag set's dimensions never change (and their objects are kept in ``_dims``):
-        # decide its match and group once per query.
-        decided: dict[int, Group | None] = {}
         for dims, value in self._cells(measure, start, end):
             key = id(dims)
             if key not in decided:
@@ -252,10 +257,11 @@ class RedisState:
         ``start`` and ``end`` (a day in a half-hour zone starts mid-hour), so no interval
         counts spend from outside the period."""
         out: dict[Group, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        decided: dict[int, Group | None] = {}
         t = int(start) // step * step
         while t < end:
             part = (max(t, start), min(t + step, end))
-            for group, value in self.totals(measure, match, group_by, *part).items():
+            for group, value in self._totals(measure, match, group_by, *part, decided).items():
                 out[group][t] += value
             t += step
         return {g: dict(v) for g, v in out.items()}
