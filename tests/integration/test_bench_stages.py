@@ -4,28 +4,22 @@ printed, not asserted."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import redis
 
-from bench import stages, throughput
+from bench import stages
+from tests.integration.bench_checks import figures_of, keys_left
 
 pytestmark = pytest.mark.integration
 
 
 def test_every_stage_runs_and_redis_holds_the_generators_total(
         redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code = stages.main(["--events", "20000", "--tagsets", "2000", "--partitions", "2",
-                        "--window", "3000", "--redis-url", redis_url, "--json"])
-    figures = json.loads(capsys.readouterr().out)
+    code, figures = figures_of(stages.main, [
+        "--events", "20000", "--tagsets", "2000", "--partitions", "2", "--window", "3000",
+        "--redis-url", redis_url], capsys)
     assert code == 0 and figures["total_ok"] is True
     assert figures["events"] == 20_000
     assert figures["windows"] >= 20_000 // 3_000
     assert set(figures["us_per_event"]) == set(stages.STAGES)
     assert all(value > 0 for value in figures["us_per_event"].values())
-    client = redis.Redis.from_url(redis_url)
-    try:
-        assert throughput.redis_keys(client, figures["namespace"]) == []
-    finally:
-        client.close()
+    assert keys_left(redis_url, figures["namespace"]) == []
