@@ -201,7 +201,7 @@ class RedisState:
         token is not its last entry's) or are held with neither (written before tokens
         were)."""
         marks = {slot: (n, token) for slot, n, token in cast(FirstsAt, since or ())}
-        now: list[tuple[str, int, str]] = []
+        stands_at: list[tuple[str, int, str]] = []
         changes: dict[Dimensions, float] | None = {} if since is not None else None
         for slot in self.slots():
             mark = marks.get(slot)
@@ -212,14 +212,14 @@ class RedisState:
             stands = _where_firsts_stand(reply[0], int(reply[1]), int(reply[2]), entries)
             if stands is None:
                 return None, None
-            now.append((slot, *stands))
+            stands_at.append((slot, *stands))
             if changes is not None:
                 told = _told_since(mark, stands, entries)
                 if told is None:
                     changes = None
                 else:
                     self._add_changes(slot, told, changes)
-        return tuple(now), changes
+        return tuple(stands_at), changes
 
     def _add_changes(self, slot: str, told: list[tuple[str, int]],
                      changes: dict[Dimensions, float]) -> None:

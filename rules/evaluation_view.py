@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rules.first_buckets import FirstBuckets
+from rules.first_buckets import FirstBuckets, earliest_by_group, earliest_by_values
 from rules.kept_answers import KeptAnswers, Question, split_rows
 from rules.state import (
     CellView,
@@ -32,6 +32,7 @@ from rules.state import (
     StateView,
     group_of,
     matches,
+    needed_keys,
 )
 
 Keys = tuple[str, ...]
@@ -97,23 +98,13 @@ class EvaluationView:
 
     def _earliest_groups(self, measure: Measure, match: Mapping[str, str],
                          group_by: Sequence[str]) -> dict[Group, float]:
-        keys = _keys(match, group_by)
+        keys = needed_keys(match, group_by)
         question = (self._firsts_of_measure(measure), keys)
         projected = self._firsts.by_keys.get(question)
         if projected is None:
-            projected = {}
-            for dims, first in self._firsts_of(measure).items():
-                values = self._project_one(dims, keys)
-                if first < projected.get(values, first + 1):
-                    projected[values] = first
-            self._firsts.by_keys[question] = projected
-        out: dict[Group, float] = {}
-        for values, first in projected.items():
-            plain = dict(zip(keys, values, strict=True))
-            if matches(match, plain):
-                group = group_of(group_by, plain)
-                out[group] = min(out.get(group, first), first)
-        return out
+            projected = self._firsts.by_keys[question] = earliest_by_values(
+                self._firsts_of(measure).items(), keys, self._project_one)
+        return earliest_by_group(projected, keys, match, group_by)
 
     def __getattr__(self, name: str) -> object:
         if name == "earliest_by" and self._has_cells:
@@ -164,7 +155,7 @@ class EvaluationView:
         match = dict(match_items)
         if not self._has_cells:
             return self._state.totals(measure, match, group_by, start, end)
-        keys = _keys(match, group_by)
+        keys = needed_keys(match, group_by)
         out: dict[Group, int] = {}
         for values, value in self._projection((measure, start, end), keys).items():
             plain = dict(zip(keys, values, strict=True))
@@ -218,11 +209,6 @@ class EvaluationView:
         if plain is None:
             plain = self._dicts[dims] = dict(dims)
         return tuple(plain.get(key, "") for key in keys)
-
-
-def _keys(match: Mapping[str, str], group_by: Sequence[str]) -> Keys:
-    """The dimensions a question needs: what it matches on and what it groups by."""
-    return tuple(sorted({*match, *group_by}))
 
 
 def _added(answer: dict[Group, int], more: dict[Group, int]) -> dict[Group, int]:

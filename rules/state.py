@@ -125,8 +125,8 @@ class FirstsLog(Protocol):
 
     def firsts_changes(self, since: Hashable | None
                        ) -> tuple[Hashable | None, Mapping[Dimensions, float] | None]:
-        """``(now, changes)``. ``now`` names where the first buckets stand, to pass as
-        ``since`` next time (``None`` when the state cannot tell: then nothing is kept).
+        """``(stands, changes)``. ``stands`` names where the first buckets stand, to pass
+        as ``since`` next time (``None`` when the state cannot tell: then nothing is kept).
         ``changes`` are the first buckets added or moved back since ``since``, or ``None``
         when they cannot be told (``since`` is ``None``, or too old): read them all with
         ``firsts``, after this call, so that a change in between is told next time."""
@@ -156,6 +156,11 @@ class FaultHistory(Protocol):
 def matches(match: Mapping[str, str], dimensions: Mapping[str, str]) -> bool:
     """Whether ``dimensions`` satisfy every glob of ``match`` (absent reads as ``""``)."""
     return all(fnmatchcase(dimensions.get(key, ""), pattern) for key, pattern in match.items())
+
+
+def needed_keys(match: Mapping[str, str], group_by: Sequence[str]) -> tuple[str, ...]:
+    """The dimensions a question needs: what it matches on and what it groups by."""
+    return tuple(sorted({*match, *group_by}))
 
 
 def group_of(group_by: Sequence[str], dimensions: Mapping[str, str]) -> Group:
