@@ -1382,9 +1382,11 @@ def delete_redis_only(redis_url: str, ns: str) -> None:
 
 
 # Leaf frames of a thread that is waiting, not working: the event loops in select(), the
-# to_thread pool's workers blocked on their queue, lock waits.
+# to_thread pool's workers blocked on their queue or on a pipe, lock waits.
 IDLE_LEAVES = ("EpollSelector.select (selectors.py", "_wait_for_tstate_lock (threading.py",
-               "Condition.wait (threading.py", "_worker (concurrent/futures/thread.py")
+               "Condition.wait (threading.py", "_worker (concurrent/futures/thread.py",
+               # a to_thread worker waiting for the evaluation process's answer (its pipe)
+               "_PollLikeSelector.select (selectors.py")
 
 
 # Where a busy sample belongs: the first marker found in its stack names its phase.

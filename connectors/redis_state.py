@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
+from pydantic_core import from_json
 from redis import Redis
 
 from connectors import bucket_zone
@@ -123,59 +124,59 @@ class RedisState:
         missing = [t for t in set(wanted) if t not in known]
         if missing:
             raws = self.redis.hmget(tagsets_key(slot), missing)
+            # pydantic's JSON parser: 100,000 tag sets in 0.13-0.18 s, json.loads 0.39-0.46
             for tsid, raw in zip(missing, raws, strict=True):
-                known[tsid] = self._dimensions(json.loads(raw)) if raw else ()
+                known[tsid] = self._dimensions(from_json(raw)) if raw else ()
         return known
 
     def _dimensions(self, plain: Mapping[str, str]) -> Dimensions:
-        share = self._shared.setdefault
-        return tuple(share(pair, pair) for pair in sorted(
-            (share(k, k), share(v, v)) for k, v in plain.items()))
+        shared = self._shared
+        pairs = []
+        for pair in plain.items():
+            found = shared.get(pair)
+            if found is None:  # a new pair: its key and its value may still be known
+                key, value = pair
+                found = (shared.setdefault(key, key), shared.setdefault(value, value))
+                shared[found] = found
+            pairs.append(found)
+        pairs.sort()
+        return tuple(pairs)
 
     # -- StateView ------------------------------------------------------------------
 
     def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
                start: float, end: float) -> dict[Group, int]:
-        return self._totals(measure, match, group_by, start, end, {})
+        return self._totals((measure,), match, group_by, start, end, {})[measure]
 
-    def _totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
-                start: float, end: float, decided: dict[int, Group | None]
-                ) -> dict[Group, int]:
-        """``totals``; ``decided`` holds each tag set's group (``None``: not matched) by the
-        id of its dimensions, which never change and are kept in ``_dims``: decided once per
-        query, also when a query sums many intervals."""
-        out: dict[Group, int] = defaultdict(int)
-        for dims, value in self._cells(measure, start, end):
+    def totals_each(self, measures: Sequence[Measure], match: Mapping[str, str],
+                    group_by: Sequence[str], start: float, end: float
+                    ) -> dict[Measure, dict[Group, int]]:
+        """``totals`` of several measures from one read of their buckets (``TotalsEach``):
+        spend and waste of a month are in the same daily buckets."""
+        return self._totals(measures, match, group_by, start, end, {})
+
+    def _totals(self, measures: Sequence[Measure], match: Mapping[str, str],
+                group_by: Sequence[str], start: float, end: float,
+                decided: dict[int, Group | None]) -> dict[Measure, dict[Group, int]]:
+        """``totals_each``; ``decided`` holds each tag set's group (``None``: not matched) by
+        the id of its dimensions, which never change and are kept in ``_dims``: decided once
+        per query, also when a query sums many intervals or measures."""
+        out: dict[Measure, dict[Group, int]] = {measure: defaultdict(int) for measure in measures}
+        for measure, dims, value in self._cells(measures, start, end):
             key = id(dims)
             if key not in decided:
                 plain = dict(dims)
                 decided[key] = group_of(group_by, plain) if matches(match, plain) else None
             group = decided[key]
             if group is not None:
-                out[group] += value
-        return dict(out)
+                out[measure][group] += value
+        return {measure: dict(sums) for measure, sums in out.items()}
 
     def cells(self, measure: Measure, start: float, end: float) -> dict[Dimensions, int]:
-        """Every tag set's sum of ``measure`` over [start, end) (``CellView``).
-
-        The evaluator asks this several times a second about the last hour, so fields are
-        summed per tag set as read (a bucket holds the other measures too, skipped unparsed)
-        and turned into dimensions once per tag set.
-        """
-        buckets = list(cover(start, end, self.calendar))
+        """Every tag set's sum of ``measure`` over [start, end) (``CellView``)."""
         out: dict[Dimensions, int] = {}
-        for slot in self.slots():
-            pipe = self.redis.pipeline(transaction=False)
-            for size, label in buckets:
-                pipe.hgetall(bucket_key(slot, size, label))
-            sums: dict[str, int] = {}
-            for fields in pipe.execute():
-                _sum_fields(fields, measure, sums)
-            known = self._tagsets(slot, {name.partition("\t")[0] for name in sums})
-            for name, value in sums.items():
-                tsid, _, fault = name.partition("\t")
-                key = self._waste_dims(slot, tsid, fault) if fault else known[tsid]
-                out[key] = out.get(key, 0) + value
+        for _, dims, value in self._cells((measure,), start, end):
+            out[dims] = out.get(dims, 0) + value
         return out
 
     def firsts(self, measure: Measure) -> dict[Dimensions, float]:
@@ -261,39 +262,37 @@ class RedisState:
         t = int(start) // step * step
         while t < end:
             part = (max(t, start), min(t + step, end))
-            for group, value in self._totals(measure, match, group_by, *part, decided).items():
+            totals = self._totals((measure,), match, group_by, *part, decided)[measure]
+            for group, value in totals.items():
                 out[group][t] += value
             t += step
         return {g: dict(v) for g, v in out.items()}
 
-    def _cells(self, measure: Measure, start: float, end: float
-               ) -> Iterable[tuple[Dimensions, int]]:
-        """(dimensions, micro-units) of every stored cell of ``measure`` in [start, end)."""
+    def _cells(self, measures: Sequence[Measure], start: float, end: float
+               ) -> Iterable[tuple[Measure, Dimensions, int]]:
+        """(measure, dimensions, micro-units): each tag set's sum of each of ``measures``
+        over [start, end) in each slot that holds it, from one read of the buckets.
+
+        The evaluator asks about the last hour several times a second and a month's report
+        reads every tag set's daily buckets, so fields are summed per tag set as read (a
+        bucket holds the other measures too, skipped unparsed) and turned into dimensions
+        once per tag set, not once per bucket.
+        """
         buckets = list(cover(start, end, self.calendar))
         for slot in self.slots():
             pipe = self.redis.pipeline(transaction=False)
             for size, label in buckets:
                 pipe.hgetall(bucket_key(slot, size, label))
-            hashes: list[dict[bytes, bytes]] = pipe.execute()
-            wanted: list[tuple[str, str, int]] = []
-            for fields in hashes:
-                for field, value in fields.items():
-                    tsid, _, code = decoded(field).partition(":")
-                    wanted.append((tsid, code, int(value)))
-            self._tagsets(slot, (t for t, _, _ in wanted))
-            yield from self._select(slot, measure, wanted)
-
-    def _select(self, slot: str, measure: Measure, cells: list[tuple[str, str, int]]
-                ) -> Iterable[tuple[Dimensions, int]]:
-        code = _CODES.get(measure)
-        known = self._dims[slot]
-        for tsid, cell_code, value in cells:
-            dims = known[tsid]
-            if code is not None:
-                if cell_code == code:
-                    yield dims, value
-            elif cell_code.startswith("w:"):
-                yield self._waste_dims(slot, tsid, cell_code[2:]), value
+            hashes = pipe.execute()
+            for measure in measures:
+                sums: dict[str, int] = {}
+                for fields in hashes:
+                    _sum_fields(fields, measure, sums)
+                known = self._tagsets(slot, {name.partition("\t")[0] for name in sums})
+                for name, value in sums.items():
+                    tsid, _, fault = name.partition("\t")
+                    dims = self._waste_dims(slot, tsid, fault) if fault else known[tsid]
+                    yield measure, dims, value
 
     def _waste_dims(self, slot: str, tsid: str, fault: str) -> Dimensions:
         """A tag set's dimensions plus its fault type, made once and kept (callers may
@@ -373,10 +372,11 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
     waste); the other measures' fields are skipped without being decoded."""
     if measure == "waste":
         for field, value in fields.items():
+            if b":w:" not in field if isinstance(field, bytes) else ":w:" not in field:
+                continue  # spend or quantity: most fields, not decoded
             tsid, _, fault = decoded(field).partition(":w:")
-            if fault:
-                name = f"{tsid}\t{fault}"
-                sums[name] = sums.get(name, 0) + int(value)
+            name = f"{tsid}\t{fault}"
+            sums[name] = sums.get(name, 0) + int(value)
         return
     suffix = f":{_CODES[measure]}"
     binary = suffix.encode()

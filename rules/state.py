@@ -153,6 +153,27 @@ class FaultHistory(Protocol):
         ...
 
 
+@runtime_checkable
+class TotalsEach(Protocol):
+    """Optional: ``totals`` of several measures from one read (spend and waste of a month are
+    read from the same buckets)."""
+
+    def totals_each(self, measures: Sequence[Measure], match: Mapping[str, str],
+                    group_by: Sequence[str], start: float, end: float
+                    ) -> dict[Measure, dict[Group, int]]:
+        """``totals`` of every measure asked for, by measure."""
+        ...
+
+
+def totals_each(state: StateView, measures: Sequence[Measure], match: Mapping[str, str],
+                group_by: Sequence[str], start: float, end: float
+                ) -> dict[Measure, dict[Group, int]]:
+    """``totals`` of several measures, in one read where the state can (``TotalsEach``)."""
+    if isinstance(state, TotalsEach):
+        return state.totals_each(measures, match, group_by, start, end)
+    return {measure: state.totals(measure, match, group_by, start, end) for measure in measures}
+
+
 def matches(match: Mapping[str, str], dimensions: Mapping[str, str]) -> bool:
     """Whether ``dimensions`` satisfy every glob of ``match`` (absent reads as ``""``)."""
     return all(fnmatchcase(dimensions.get(key, ""), pattern) for key, pattern in match.items())

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import aiohttp
 from pydantic import AnyHttpUrl, Field
 
 from connectors.reclaim import (
@@ -226,6 +225,8 @@ async def _send(endpoint: Endpoint, timeout_s: int, method: str, path: str,
     if body is not None:
         headers["Content-Type"] = content_type
         data = json.dumps(body).encode()
+    import aiohttp  # here: every costline command loads the connectors, few call out
+
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session, session.request(

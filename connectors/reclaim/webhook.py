@@ -20,9 +20,8 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from pydantic import AnyHttpUrl, Field
 
 from connectors.reclaim import (
@@ -39,6 +38,9 @@ from connectors.reclaim import (
 from rules.durations import rfc3339
 from rules.findings import ReclaimRequest
 from rules.reclaim import Outcome, Plan, ReclaimParams
+
+if TYPE_CHECKING:
+    import aiohttp
 
 SIGNATURE_VERSION = "v1"
 DEFAULT_SECRET_ENV = "COSTLINE_WEBHOOK_SECRET"
@@ -106,6 +108,8 @@ class WebhookReclaimer(ReclaimConnector):
         except NotReclaimable as exc:
             return Outcome("failed", exc.reason)
         call = _Call(str(params.url), secret, plan.plan_id, body_of(plan))
+        import aiohttp  # here: every costline command loads the connectors, few call out
+
         timeout = aiohttp.ClientTimeout(total=params.timeout)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             return await self._post_with_retries(session, call, params)

@@ -97,6 +97,46 @@ async def test_shared_reads_on_redis_find_what_single_questions_find(
     assert fired == {keys["name"] for keys in RULES}
 
 
+async def test_several_measures_are_totalled_from_one_read_of_their_buckets(
+        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    # ``costline spend`` asks for spend and waste of the same period: one read of the buckets
+    # answers both, and each answer is the one its own question gets.
+    rng = random.Random(5)
+    await redis_writer.write(_events(rng, [T0 - 2 * DAY + i * 7 * MIN for i in range(300)]))
+    state = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+    reads = _count_bucket_reads(state)
+    measures: tuple[Measure, ...] = ("cost", "waste", "quantity")
+    for match, group_by, start, end in [({}, ("team",), T0 - 2 * DAY, T0),
+                                        ({"env": "prod"}, ("job", "fault"), T0 - DAY, T0),
+                                        ({}, (), T0 - 30 * HOUR + 5 * MIN, T0 - HOUR)]:
+        alone = {m: state.totals(m, match, group_by, start, end) for m in measures}
+        assert all(alone[m] for m in measures)  # each measure has something to compare
+        reads.clear()
+        assert state.totals_each(measures, match, group_by, start, end) == alone
+        one_read = list(reads)
+        reads.clear()
+        state.totals("cost", match, group_by, start, end)
+        assert one_read == reads  # the same buckets, read as often as for one measure
+
+
+def _count_bucket_reads(state: RedisState) -> list[bytes | str]:
+    """The keys ``state`` reads with HGETALL from now on, in the order read."""
+    reads: list[bytes | str] = []
+    pipeline = state.redis.pipeline
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        hgetall = pipe.hgetall
+
+        def read(key: bytes | str) -> Any:
+            reads.append(key)
+            return hgetall(key)
+        pipe.hgetall = read  # type: ignore[method-assign]
+        return pipe
+    state.redis.pipeline = counting  # type: ignore[method-assign]
+    return reads
+
+
 async def test_tag_sets_share_the_keys_values_and_pairs_they_repeat(
         redis_writer: Writer, redis_url: str, namespace: str) -> None:
     # Memory per tag set is what a worker's evaluation process holds for every tag set: the
