@@ -4,7 +4,8 @@ Plain parameters only (bootstrap strings, names, numbers, a ``KafkaSecurity``) s
 layer can use it without the application's settings. Everything here talks kafka-python, except
 ``api_versions``: a readiness probe must answer in milliseconds and never start background
 threads or retry, so it speaks the one ApiVersions v0 frame over a bare socket (inside TLS when
-the connection asks for it).
+the connection asks for it). kafka-python is imported where it is used: every ``costline``
+command loads this module, and importing kafka-python takes about 0.1 s.
 """
 
 from __future__ import annotations
@@ -16,11 +17,6 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from kafka import KafkaProducer
-from kafka.admin import KafkaAdminClient
-from kafka.errors import KafkaError
-from kafka.protocol.broker_version_data import infer_broker_version_from_api_versions
 
 from connectors.kafka_security import PLAINTEXT, KafkaSecurity
 
@@ -182,6 +178,8 @@ def _implementation(features: Mapping[str, Any]) -> str:
 def broker_info(bootstrap: str, timeout_s: float = 10.0,
                 security: KafkaSecurity = PLAINTEXT) -> BrokerInfo:
     """Identify the broker behind ``bootstrap`` (version implied by its API ranges, features)."""
+    from kafka.protocol.broker_version_data import infer_broker_version_from_api_versions
+
     ranges = api_versions(bootstrap, timeout_s=min(timeout_s, 5.0), security=security)
     version = ".".join(str(part) for part in infer_broker_version_from_api_versions(ranges))
     client = admin(bootstrap, timeout_s=timeout_s, security=security)
@@ -200,8 +198,10 @@ def broker_info(bootstrap: str, timeout_s: float = 10.0,
     )
 
 
-def _features_of(client: KafkaAdminClient) -> dict[str, Any]:
+def _features_of(client: Any) -> dict[str, Any]:
     """Feature flags, or none when the broker does not implement ApiVersions v3."""
+    from kafka.errors import KafkaError
+
     try:
         return dict(client.describe_features())
     except KafkaError:  # a broker without feature flags is still a broker
@@ -211,6 +211,8 @@ def _features_of(client: KafkaAdminClient) -> dict[str, Any]:
 def admin(bootstrap: str, *, client_id: str = "costline-admin", timeout_s: float = 30.0,
           security: KafkaSecurity = PLAINTEXT) -> Any:
     """A ``KafkaAdminClient`` that gives up after ``timeout_s`` instead of retrying forever."""
+    from kafka.admin import KafkaAdminClient
+
     millis = int(timeout_s * 1000)
     return KafkaAdminClient(
         bootstrap_servers=bootstrap,
@@ -303,6 +305,8 @@ def producer(
     implicitly: a broker's auto-created topic would have its default size, not costline's.
     ``timeout_s`` bounds how long connecting or a full buffer may block a send.
     """
+    from kafka import KafkaProducer
+
     millis = int(timeout_s * 1000)
     return KafkaProducer(
         bootstrap_servers=bootstrap,

@@ -225,7 +225,7 @@ async def _send(endpoint: Endpoint, timeout_s: int, method: str, path: str,
     if body is not None:
         headers["Content-Type"] = content_type
         data = json.dumps(body).encode()
-    import aiohttp  # here: every costline command loads the connectors, few call out
+    import aiohttp  # here, not at the top: every costline command loads the connectors
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:

@@ -108,7 +108,7 @@ class WebhookReclaimer(ReclaimConnector):
         except NotReclaimable as exc:
             return Outcome("failed", exc.reason)
         call = _Call(str(params.url), secret, plan.plan_id, body_of(plan))
-        import aiohttp  # here: every costline command loads the connectors, few call out
+        import aiohttp  # here, not at the top: every costline command loads the connectors
 
         timeout = aiohttp.ClientTimeout(total=params.timeout)
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -129,6 +129,8 @@ class WebhookReclaimer(ReclaimConnector):
                        f"tries: {problem}", {"attempts": params.retries + 1})
 
     async def _post(self, session: aiohttp.ClientSession, call: _Call, attempt: int) -> Outcome:
+        import aiohttp  # as in release
+
         timestamp = str(int(self._clock()))
         headers = {
             "Content-Type": "application/json",

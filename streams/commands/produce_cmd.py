@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import typer
-from kafka.errors import KafkaError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -295,6 +294,8 @@ def _print_summary(summary: Summary) -> None:
 
 def _kafka_sender(bootstrap: str, names: dict[str, str], summary: Summary,
                   security: KafkaSecurity) -> tuple[Any, Send]:
+    from kafka.errors import KafkaError  # here: kafka-python is slow to import
+
     client = producer(bootstrap, client_id="costline-produce", security=security)
 
     def send(message: Message) -> None:
@@ -313,6 +314,8 @@ def _kafka_sender(bootstrap: str, names: dict[str, str], summary: Summary,
 
 def _finish(client: Any, summary: Summary) -> None:
     """Wait for the last acknowledgements; whatever is still unanswered counts as failed."""
+    from kafka.errors import KafkaError
+
     try:
         client.flush(timeout=120)
     except KafkaError as exc:  # a timeout is reported, not raised
@@ -353,6 +356,8 @@ def register(app: typer.Typer) -> None:
         A bad line is reported with its file and line number and not sent; the others are.
         Exit code 1 when a line was rejected, 2 when Kafka did not take every message.
         """
+        from kafka.errors import KafkaError
+
         settings = settings_of(ctx)
         names = {name: settings.topic(name) for name in TOPICS}
         summary = Summary()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import typer
-from kafka.errors import KafkaError
 from rich.console import Console
 
 from connectors.kafka import (
@@ -40,6 +39,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print created/existing as JSON."),
     ) -> None:
         """Create the missing topics; existing ones are left as they are."""
+        from kafka.errors import KafkaError  # here: kafka-python is slow to import
+
         settings = settings_of(ctx)
         specs = topic_specs(settings, partitions)
         security = settings.kafka_security()
