@@ -1,9 +1,13 @@
-"""What the benchmarks share: the generated data's resource types, free ports, process memory."""
+"""What the benchmarks share: the generated data's resource types and options, free ports,
+process memory."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
+
+DEFAULT_REDIS = "redis://127.0.0.1:16379/0"
 
 # resource type -> unit of the usage events the benchmarks generate (checked against the
 # price book where they are priced).
@@ -13,6 +17,15 @@ RESOURCES = {
     "network.egress": "gb",
     "logs.ingest": "gb",
 }
+
+
+def data_set_options(p: argparse.ArgumentParser, events: int = 1_000_000) -> None:
+    """The options of a bench on the throughput bench's data set, written to Redis."""
+    p.add_argument("--events", type=int, default=events)
+    p.add_argument("--tagsets", type=int, default=100_000)
+    p.add_argument("--seed", type=int, default=20261130)
+    p.add_argument("--redis-url", default=DEFAULT_REDIS)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
 def free_port() -> int:

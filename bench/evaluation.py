@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import vm_status  # noqa: E402 - needs REPO on the path
-from bench.throughput import DEFAULT_REDIS, generate, log, unlink_namespaces  # noqa: E402
+from bench.common import data_set_options, vm_status  # noqa: E402 - needs REPO on the path
+from bench.throughput import generate, log, unlink_namespaces  # noqa: E402
 
 MODES = {"log": "first buckets kept, changes from their log",
          "full": "baseline: all first buckets read each tick"}
@@ -133,13 +133,9 @@ def report(figures: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--events", type=int, default=300_000)
-    p.add_argument("--tagsets", type=int, default=100_000)
+    data_set_options(p, events=300_000)
     p.add_argument("--new-tagsets", type=int, default=10, help="new tag sets before each tick")
     p.add_argument("--ticks", type=int, default=3)
-    p.add_argument("--seed", type=int, default=20261130)
-    p.add_argument("--redis-url", default=DEFAULT_REDIS)
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--child", metavar="NAMESPACE", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, default="log", help=argparse.SUPPRESS)
     a = p.parse_args(argv)

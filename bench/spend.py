@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.throughput import DEFAULT_REDIS, generate, log, unlink_namespaces  # noqa: E402
+from bench.common import data_set_options  # noqa: E402 - needs REPO on the path
+from bench.throughput import generate, log, unlink_namespaces  # noqa: E402
 
 DAY_S = 86400
 # (label, --by, --where, --peaks): a few groups, one row per job, peaks, and a filter.
@@ -90,10 +92,15 @@ def measure(ns: str, redis_url: str, start: float, end: float, repeats: int
             again.append(timed(ask))
             assert first[-1][2] == again[-1][2], f"{label}: a second answer differs"
         out[label] = {"rows": len(first[0][2]["rows"]), "first": _medians(first),
-                      "again": _medians(again)}
+                      "again": _medians(again), "cost_micro": _cost_micro(first[0][2])}
         log(f"{label}: {out[label]['rows']:,} rows")
     redis.close()
     return out
+
+
+def _cost_micro(answer: dict[str, Any]) -> int:
+    """The answer's spend over all its rows, in micro-units."""
+    return sum(int(Decimal(row["cost"]) * 1_000_000) for row in answer["rows"])
 
 
 def _medians(runs: list[tuple[float, float, Any]]) -> dict[str, float]:
@@ -118,17 +125,15 @@ def report(figures: dict[str, Any]) -> str:
                      f"{f['again']['cpu_s']:8.3f}")
     lines.append("(first: a fresh state reads every tag set's dimensions, as each command "
                  "does; again: kept)")
+    lines.append(f"total check (each answer without a filter == generator): "
+                 f"{'OK' if figures['total_ok'] else 'MISMATCH'}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--events", type=int, default=1_000_000)
-    p.add_argument("--tagsets", type=int, default=100_000)
+    data_set_options(p)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seed", type=int, default=20261130)
-    p.add_argument("--redis-url", default=DEFAULT_REDIS)
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
     a = p.parse_args(argv)
 
     from bench.stages import run_stages
@@ -143,10 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         questions = measure(ns, a.redis_url, start, end, a.repeats)
     finally:
         unlink_namespaces(a.redis_url, [ns])
+    # Every question without a filter sums every event: each must equal the generator's total.
+    whole = [label for label, _, where, _ in QUESTIONS if not where]
     figures = {"events": a.events, "tagsets": a.tagsets, "repeats": a.repeats,
-               "days": int((end - start) // DAY_S), "namespace": ns, "questions": questions}
+               "days": int((end - start) // DAY_S), "namespace": ns, "questions": questions,
+               "expected_cost_micro": data.expected_cost_micro,
+               "total_ok": all(questions[label]["cost_micro"] == data.expected_cost_micro
+                               for label in whole)}
     print(json.dumps(figures, indent=2) if a.json else report(figures))
-    return 0
+    return 0 if figures["total_ok"] else 1
 
 
 if __name__ == "__main__":

@@ -31,9 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import vm_status  # noqa: E402 - needs REPO on the path
+from bench.common import data_set_options, vm_status  # noqa: E402 - needs REPO on the path
 from bench.throughput import (  # noqa: E402
-    DEFAULT_REDIS,
     generate,
     log,
     redis_info,
@@ -135,16 +134,12 @@ def report(figures: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--events", type=int, default=1_000_000)
-    p.add_argument("--tagsets", type=int, default=100_000)
+    data_set_options(p)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--window", type=int, default=10_000,
                    help="events folded per Redis write (the worker's COSTLINE_WINDOW_EVENTS)")
     p.add_argument("--batch-size", type=int, default=100, help="events per message")
     p.add_argument("--zipf", type=float, default=1.1)
-    p.add_argument("--seed", type=int, default=20261130)
-    p.add_argument("--redis-url", default=DEFAULT_REDIS)
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
     a = p.parse_args(argv)
 
     ns = "stages" + secrets.token_hex(3)

@@ -83,6 +83,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.common import (  # noqa: E402 - needs REPO on the path
+    DEFAULT_REDIS,
     RESOURCES,
     cpu_seconds,
     evaluator_figures,
@@ -91,7 +92,6 @@ from bench.common import (  # noqa: E402 - needs REPO on the path
 )
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
-DEFAULT_REDIS = "redis://127.0.0.1:16379/0"
 DAY_S = 86400
 
 # Probability that a job meters each resource type (a job meters at least one).

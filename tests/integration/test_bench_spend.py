@@ -24,4 +24,5 @@ def test_each_question_and_the_raw_read_are_measured_and_cleaned_up(
     assert questions["--by job"]["rows"] > questions["--by team"]["rows"]
     for label, _, _, _ in spend.QUESTIONS:
         assert questions[label]["first"]["wall_s"] > 0 and questions[label]["again"]["cpu_s"] >= 0
+    assert figures["total_ok"] and questions["--by job"]["cost_micro"] > 0
     assert keys_left(redis_url, figures["namespace"]) == []
