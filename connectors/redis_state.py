@@ -124,7 +124,7 @@ class RedisState:
         missing = [t for t in set(wanted) if t not in known]
         if missing:
             raws = self.redis.hmget(tagsets_key(slot), missing)
-            # pydantic's JSON parser: 100,000 tag sets in 0.13-0.18 s, json.loads 0.39-0.46
+            # pydantic's JSON parser: 100,000 tag sets in 0.13-0.18 s (json.loads: 0.39-0.46)
             for tsid, raw in zip(missing, raws, strict=True):
                 known[tsid] = self._dimensions(from_json(raw)) if raw else ()
         return known
@@ -152,8 +152,10 @@ class RedisState:
                     group_by: Sequence[str], start: float, end: float
                     ) -> dict[Measure, dict[Group, int]]:
         """``totals`` of several measures from one read of their buckets (``TotalsEach``):
-        spend and waste of a month are in the same daily buckets."""
-        return self._totals(measures, match, group_by, start, end, {})
+        spend and waste of a month are in the same daily buckets. A measure named twice is
+        answered once."""
+        distinct = tuple(dict.fromkeys(measures))
+        return self._totals(distinct, match, group_by, start, end, {}) if distinct else {}
 
     def _totals(self, measures: Sequence[Measure], match: Mapping[str, str],
                 group_by: Sequence[str], start: float, end: float,
@@ -375,8 +377,9 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
             if b":w:" not in field if isinstance(field, bytes) else ":w:" not in field:
                 continue  # spend or quantity: most fields, not decoded
             tsid, _, fault = decoded(field).partition(":w:")
-            name = f"{tsid}\t{fault}"
-            sums[name] = sums.get(name, 0) + int(value)
+            if fault:
+                name = f"{tsid}\t{fault}"
+                sums[name] = sums.get(name, 0) + int(value)
         return
     suffix = f":{_CODES[measure]}"
     binary = suffix.encode()

@@ -129,7 +129,7 @@ class WebhookReclaimer(ReclaimConnector):
                        f"tries: {problem}", {"attempts": params.retries + 1})
 
     async def _post(self, session: aiohttp.ClientSession, call: _Call, attempt: int) -> Outcome:
-        import aiohttp  # as in release
+        import aiohttp  # here, not at the top: every costline command loads the connectors
 
         timestamp = str(int(self._clock()))
         headers = {

@@ -117,6 +117,10 @@ async def test_several_measures_are_totalled_from_one_read_of_their_buckets(
         reads.clear()
         state.totals("cost", match, group_by, start, end)
         assert one_read == reads  # the same buckets, read as often as for one measure
+        assert state.totals_each(("cost", "cost"), match, group_by, start, end) == {
+            "cost": alone["cost"]}  # a measure named twice is counted once
+    reads.clear()
+    assert state.totals_each((), {}, (), T0 - DAY, T0) == {} and reads == []
 
 
 def _count_bucket_reads(state: RedisState) -> list[bytes | str]:

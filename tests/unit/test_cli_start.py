@@ -1,5 +1,5 @@
 """What ``costline`` loads before a command runs: every command module, but not the Kafka or
-HTTP client libraries that only a few commands use (importing them took about 0.2 s of every
+HTTP client libraries that only a few commands use (importing them takes about 0.2 s of every
 command's start)."""
 
 from __future__ import annotations
