@@ -11,6 +11,7 @@ the reader's own: the reader's zone only decides which period is asked for.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -48,6 +49,9 @@ from rules.state import (
 )
 
 _CODES: dict[str, str] = {"cost": "c", "quantity": "q"}
+# Buckets read in one round trip: two days of hourly buckets. Their fields are held until
+# summed, so a month's hours are read in pieces.
+_BUCKETS_PER_READ = 48
 # SCARD of every key given (all of one slot's hash tag, so one call per slot in a cluster).
 _COUNT_MEMBERS = """
 local counts = {}
@@ -74,6 +78,8 @@ return {redis.call('GET', KEYS[2]) or '', redis.call('EXISTS', KEYS[1]), count,
 # Where every slot's first buckets stand: (slot, the number of its log's last entry, that
 # entry's token).
 FirstsAt = tuple[tuple[str, int, str], ...]
+# A bucket as ``cover`` names it: its size and label.
+Bucket = tuple[str, str | int]
 # An entry of a slot's log: its number, its token, and the first buckets it changed (tag set
 # id, slot start), or None for "read them all".
 LogEntry = tuple[int, str, list[tuple[str, int]] | None]
@@ -160,16 +166,10 @@ class RedisState:
     def _totals(self, measures: Sequence[Measure], match: Mapping[str, str],
                 group_by: Sequence[str], start: float, end: float,
                 decided: dict[int, Group | None]) -> dict[Measure, dict[Group, int]]:
-        """``totals_each``; ``decided`` holds each tag set's group (``None``: not matched) by
-        the id of its dimensions, which never change and are kept in ``_dims``: decided once
-        per query, also when a query sums many intervals or measures."""
+        """``totals_each``, deciding each tag set's group in ``decided`` (``_decide``)."""
         out: dict[Measure, dict[Group, int]] = {measure: defaultdict(int) for measure in measures}
-        for measure, dims, value in self._cells(measures, start, end):
-            key = id(dims)
-            if key not in decided:
-                plain = dict(dims)
-                decided[key] = group_of(group_by, plain) if matches(match, plain) else None
-            group = decided[key]
+        for _, measure, dims, value in self._cells(measures, [(start, end)]):
+            group = _decide(dims, match, group_by, decided)
             if group is not None:
                 out[measure][group] += value
         return {measure: dict(sums) for measure, sums in out.items()}
@@ -177,7 +177,7 @@ class RedisState:
     def cells(self, measure: Measure, start: float, end: float) -> dict[Dimensions, int]:
         """Every tag set's sum of ``measure`` over [start, end) (``CellView``)."""
         out: dict[Dimensions, int] = {}
-        for _, dims, value in self._cells((measure,), start, end):
+        for _, _, dims, value in self._cells((measure,), [(start, end)]):
             out[dims] = out.get(dims, 0) + value
         return out
 
@@ -259,42 +259,53 @@ class RedisState:
         Intervals are aligned to UTC multiples of ``step``; the first and last are cut at
         ``start`` and ``end`` (a day in a half-hour zone starts mid-hour), so no interval
         counts spend from outside the period."""
+        steps = range(int(start) // step * step, math.ceil(end), step)
+        parts = [(max(t, start), min(t + step, end)) for t in steps]
         out: dict[Group, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         decided: dict[int, Group | None] = {}
-        t = int(start) // step * step
-        while t < end:
-            part = (max(t, start), min(t + step, end))
-            totals = self._totals((measure,), match, group_by, *part, decided)[measure]
-            for group, value in totals.items():
-                out[group][t] += value
-            t += step
+        for index, _, dims, value in self._cells((measure,), parts):
+            group = _decide(dims, match, group_by, decided)
+            if group is not None:
+                out[group][steps[index]] += value
         return {g: dict(v) for g, v in out.items()}
 
-    def _cells(self, measures: Sequence[Measure], start: float, end: float
-               ) -> Iterable[tuple[Measure, Dimensions, int]]:
-        """(measure, dimensions, micro-units): each tag set's sum of each of ``measures``
-        over [start, end) in each slot that holds it, from one read of the buckets.
+    def _cells(self, measures: Sequence[Measure], intervals: Sequence[tuple[float, float]]
+               ) -> Iterable[tuple[int, Measure, Dimensions, int]]:
+        """(interval's index, measure, dimensions, micro-units): each tag set's sum of each of
+        ``measures`` over each of ``intervals`` in each slot that holds it.
 
-        The evaluator asks about the last hour several times a second and a month's report
-        reads every tag set's daily buckets, so fields are summed per tag set as read (a
-        bucket holds the other measures too, skipped unparsed) and turned into dimensions
-        once per tag set, not once per bucket.
+        The evaluator asks about the last hour several times a second, a month's report reads
+        every tag set's daily buckets and its charts every hour of the month, so a slot's
+        buckets are read in few round trips (``_BUCKETS_PER_READ`` at a time) and once for all
+        measures, their fields summed per tag set as read (a bucket holds the other measures
+        too, skipped unparsed) and turned into dimensions once per tag set and interval, not
+        once per bucket.
         """
-        buckets = list(cover(start, end, self.calendar))
+        calendar = self.calendar  # read until a worker has recorded the zone: once here
+        covers = [list(cover(start, end, calendar)) for start, end in intervals]
         for slot in self.slots():
-            pipe = self.redis.pipeline(transaction=False)
-            for size, label in buckets:
-                pipe.hgetall(bucket_key(slot, size, label))
-            hashes = pipe.execute()
-            for measure in measures:
-                sums: dict[str, int] = {}
-                for fields in hashes:
-                    _sum_fields(fields, measure, sums)
-                known = self._tagsets(slot, {name.partition("\t")[0] for name in sums})
-                for name, value in sums.items():
-                    tsid, _, fault = name.partition("\t")
-                    dims = self._waste_dims(slot, tsid, fault) if fault else known[tsid]
-                    yield measure, dims, value
+            for first, chunk in _chunks(covers, _BUCKETS_PER_READ):
+                pipe = self.redis.pipeline(transaction=False)
+                for buckets in chunk:
+                    for size, label in buckets:
+                        pipe.hgetall(bucket_key(slot, size, label))
+                hashes = iter(pipe.execute())
+                for index, buckets in enumerate(chunk, first):
+                    read = [next(hashes) for _ in buckets]
+                    for measure in measures:
+                        for dims, value in self._slot_sums(slot, read, measure):
+                            yield index, measure, dims, value
+
+    def _slot_sums(self, slot: str, hashes: list[Any], measure: Measure
+                   ) -> Iterable[tuple[Dimensions, int]]:
+        """Each tag set's sum of ``measure`` over a slot's buckets ``hashes`` (as read)."""
+        sums: dict[str, int] = {}
+        for fields in hashes:
+            _sum_fields(fields, measure, sums)
+        known = self._tagsets(slot, {name.partition("\t")[0] for name in sums})
+        for name, value in sums.items():
+            tsid, _, fault = name.partition("\t")
+            yield (self._waste_dims(slot, tsid, fault) if fault else known[tsid]), value
 
     def _waste_dims(self, slot: str, tsid: str, fault: str) -> Dimensions:
         """A tag set's dimensions plus its fault type, made once and kept (callers may
@@ -366,6 +377,33 @@ class RedisState:
                 faults_key(slot), since, "+inf")
             records.extend(_fault_record(raw) for raw in raws)
         return sorted(records, key=lambda r: r.ts)
+
+
+def _decide(dims: Dimensions, match: Mapping[str, str], group_by: Sequence[str],
+            decided: dict[int, Group | None]) -> Group | None:
+    """The group of a tag set's dimensions (``None``: not matched), kept in ``decided`` by the
+    id of the dimensions, which never change and are kept in ``_dims``: decided once per
+    query, however many intervals and measures it sums."""
+    key = id(dims)
+    if key not in decided:
+        plain = dict(dims)
+        decided[key] = group_of(group_by, plain) if matches(match, plain) else None
+    return decided[key]
+
+
+def _chunks(covers: list[list[Bucket]], most: int) -> Iterable[tuple[int, list[list[Bucket]]]]:
+    """Consecutive runs of ``covers`` (each interval's buckets) of at most ``most`` buckets,
+    or of one interval with more, with the index of each run's first interval."""
+    first, count = 0, 0
+    run: list[list[Bucket]] = []
+    for index, buckets in enumerate(covers):
+        if run and count + len(buckets) > most:
+            yield first, run
+            first, run, count = index, [], 0
+        run.append(buckets)
+        count += len(buckets)
+    if run:
+        yield first, run
 
 
 def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Measure,

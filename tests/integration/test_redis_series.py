@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis import Redis
 
-from connectors.redis_state import RedisState
+from connectors.redis_state import _BUCKETS_PER_READ, RedisState
 from rules.durations import period_bounds
 from tests.integration.redis_writer import Writer
 from tests.unit.rulefiles.builders import at, usage
@@ -27,3 +27,25 @@ async def test_an_hour_cut_by_the_period_counts_only_its_part_inside(
     day = state.totals("cost", {}, ("team",), start, end)[("a",)]
     assert sum(hours.values()) == day  # before: the 10 GPU-hours of 1 January were in it too
     assert max(hours.values()) == day
+
+
+async def test_a_series_read_in_pieces_equals_its_hours_asked_one_by_one(
+        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+    # Five days of hours are more than one round trip reads (_BUCKETS_PER_READ): the pieces
+    # must join without losing or repeating an hour.
+    first = at("2025-03-01T00:00")
+    hours = 5 * 24
+    assert hours > _BUCKETS_PER_READ
+    await redis_writer.write([usage(first + h * 3600 + 600, 1.0 + h % 7, team=f"t{h % 3}")
+                              for h in range(hours)])
+    state = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+    start, end = first - 1800, first + hours * 3600 + 900  # cut hours at both ends
+    series = state.series("cost", {}, ("team",), start, end)
+    for team in ("t0", "t1", "t2"):
+        alone = {}
+        for h in range(-1, hours + 1):
+            t = first + h * 3600
+            value = state.totals("cost", {}, ("team",), max(t, start), min(t + 3600, end))
+            if value.get((team,)):
+                alone[int(t)] = value[(team,)]
+        assert series[(team,)] == alone and len(alone) == hours // 3
