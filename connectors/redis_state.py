@@ -152,7 +152,7 @@ class RedisState:
 
     def totals(self, measure: Measure, match: Mapping[str, str], group_by: Sequence[str],
                start: float, end: float) -> dict[Group, int]:
-        return self._totals((measure,), match, group_by, start, end, {})[measure]
+        return self._totals((measure,), match, group_by, start, end)[measure]
 
     def totals_each(self, measures: Sequence[Measure], match: Mapping[str, str],
                     group_by: Sequence[str], start: float, end: float
@@ -161,13 +161,13 @@ class RedisState:
         spend and waste of a month are in the same daily buckets. A measure named twice is
         answered once."""
         distinct = tuple(dict.fromkeys(measures))
-        return self._totals(distinct, match, group_by, start, end, {}) if distinct else {}
+        return self._totals(distinct, match, group_by, start, end) if distinct else {}
 
     def _totals(self, measures: Sequence[Measure], match: Mapping[str, str],
-                group_by: Sequence[str], start: float, end: float,
-                decided: dict[int, Group | None]) -> dict[Measure, dict[Group, int]]:
-        """``totals_each``, deciding each tag set's group in ``decided`` (``_decide``)."""
+                group_by: Sequence[str], start: float, end: float
+                ) -> dict[Measure, dict[Group, int]]:
         out: dict[Measure, dict[Group, int]] = {measure: defaultdict(int) for measure in measures}
+        decided: dict[int, Group | None] = {}
         for _, measure, dims, value in self._cells(measures, [(start, end)]):
             group = _decide(dims, match, group_by, decided)
             if group is not None:
