@@ -73,6 +73,13 @@ def training_cluster(now: float, days: int = 10, seed: int = 42,
     return scenario
 
 
+def _today(now: float, ago: float) -> float:
+    """``ago`` seconds before ``now``, or, when that is before today's UTC midnight, a minute
+    after it: the day's fault-waste rule counts today, whatever the hour the demo runs at."""
+    midnight = now - now % 86400
+    return max(now - ago, min(midnight + 60, now - 30))
+
+
 def _month_start(now: float) -> float:
     from datetime import UTC, datetime
 
@@ -97,9 +104,9 @@ def _pretraining(s: Scenario, rng: random.Random) -> None:
         ts = rng.uniform(s.start + HOUR, s.now - 2 * HOUR)
         s.faults.append(_fault(f"pt-nf-{i}", ts, "node_failure", 512,
                                lost=rng.uniform(900, 3600), recovery=rng.uniform(600, 1800)))
-    s.faults.append(_fault("pt-nccl-0", s.now - 5 * HOUR, "comm_timeout", 512,
+    s.faults.append(_fault("pt-nccl-0", _today(s.now, 5 * HOUR), "comm_timeout", 512,
                            lost=1800, recovery=1200))
-    s.faults.append(_fault("pt-sdc-0", s.now - 3 * HOUR, "silent_data_corruption", 512,
+    s.faults.append(_fault("pt-sdc-0", _today(s.now, 3 * HOUR), "silent_data_corruption", 512,
                            lost=6 * HOUR, recovery=2400))
     s.story.append(f"pre-training run-42: 512 H100s, {failures} node failures, one NCCL "
                    "timeout, one silent-data-corruption rollback of 6 h")
