@@ -16,17 +16,19 @@ timed from the first fetched message to the last one handled:
 
 (a) ceiling: a plain aiokafka consumer calling ``rules.events.parse_message`` on every message;
 (b) Faust no-op: ``streams.app.build_app`` in its own consumer group with the aggregator's
-    ``handle`` replaced by a no-op, so Faust's settings and the agent (``take_events``) are the
-    worker's own (the rest of the app, e.g. its timers, runs too, over an empty namespace);
+    ``handle`` replaced by a no-op, so Faust's settings, the consumer's hand-off
+    (``streams.handoff``) and the agent (``take_events``) are the worker's own (the rest of the
+    app, e.g. its timers, runs too, over an empty namespace);
 (b') plain Faust agent: an agent as Faust's own examples write one (``async for`` over the
-    stream, one event at a time, no ``take_events``), on the worker's Faust settings, in its
-    own consumer group; it does nothing with a message;
+    stream, one event at a time, no ``take_events``), on Faust's own consumer and the worker's
+    Faust settings, in its own consumer group; it does nothing with a message;
 (c) costline: the real worker (``build_app``), done when every partition's Redis watermark
     ``{ns:usage:P}:wm`` reaches the topic's end offset.
 
-(b) is the stricter baseline for costline (the same agent, less costline's own work); (b')
-is the usual shape of a Faust agent, against which Faust's per-message cost on a machine can
-be compared with figures measured elsewhere.
+(b) is the stricter baseline for costline (the same app, less costline's own work: c/b is the
+share of the worker's time that Faust and Kafka take); (b') is a no-op agent on Faust as it
+comes, against which Faust's per-message cost on a machine can be compared with figures
+measured elsewhere.
 
 It prints events/s, CPU per event, the ratios c/a, c/b and c/b', the worker's peak RSS
 (VmHWM) and the CPU and peak RSS of its rule evaluation process (a child of the worker), Redis
@@ -648,7 +650,7 @@ def run_plain(a: argparse.Namespace, probe: Probe) -> None:
     time_first_fetch(a, probe)
     settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=a.ns,
                         web_port=a.port, partitions=a.partitions)
-    app = faust_app(settings)
+    app = faust_app(settings, app_class=faust.App)  # Faust's own consumer
     source = app.topic(settings.topic("usage"), value_serializer="raw", key_serializer="raw")
 
     @app.agent(source)
@@ -752,8 +754,8 @@ ROLES: dict[str, Callable[[argparse.Namespace, Probe], None]] = {
 BASELINES = {
     "ceiling": ("(a) ceiling", "plain aiokafka consumer + parse_message"),
     "noop": ("(b) Faust no-op", "build_app with a no-op handle"),
-    "plain": ("(b') plain Faust agent", "async for over the stream, on the worker's Faust "
-              "settings"),
+    "plain": ("(b') plain Faust agent", "async for over the stream, on Faust's own consumer "
+              "and the worker's Faust settings"),
 }
 
 

@@ -4,7 +4,8 @@ Topics carry raw bytes and the aggregation agent decodes them itself
 (``rules.events.parse_message``), so a bad message becomes a dead letter instead of an
 exception inside Faust. The agent takes messages in batches (``take_events``) and folds them
 into per-partition windows that a writer task applies to Redis, one script call per window
-(``streams.aggregator``).
+(``streams.aggregator``). The app's consumer hands each message to the agent's stream without
+a task per message (``streams.handoff``).
 
 Where to resume a partition is decided by Redis, not by Kafka's committed offsets: when a
 rebalance completes, and before Faust seeks to the committed offsets, the worker commits the
@@ -38,7 +39,7 @@ from connectors.redis_state import RedisState
 from connectors.slack_actions import add_actions_route
 from rules.prices import PriceBook
 from rules.tally import Folder
-from streams import collector
+from streams import collector, handoff
 from streams.aggregator import REDIS_DOWN, Aggregator
 from streams.evaluation_process import ProcessRunner
 from streams.evaluator import Evaluator, RuleSource
@@ -61,10 +62,11 @@ def faust_broker(bootstrap: str) -> list[str]:
     return [f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()]
 
 
-def faust_app(settings: Settings) -> faust.App:
+def faust_app(settings: Settings, app_class: type[faust.App] = handoff.App) -> faust.App:
+    """The worker's Faust app; ``app_class=faust.App`` gives it Faust's own consumer."""
     datadir = settings.state_dir / "faust" / settings.namespace
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
-    return faust.App(
+    return app_class(
         f"{settings.namespace}-aggregator",
         broker=faust_broker(settings.kafka_bootstrap),
         # TLS and SASL for Faust's consumer, producer and topic creation alike.
@@ -150,7 +152,7 @@ class Wiring:
             metrics=self.metrics, health=self.health, window_events=settings.window_events,
             window_linger_s=settings.window_linger_s,
         )
-        source = app.topic(*sources, value_serializer="raw", key_serializer="raw")
+        source = app.topic(*sources, schema=handoff.RawSchema())
 
         @app.agent(source, concurrency=1)
         async def aggregate(stream: Any) -> None:

@@ -1,0 +1,165 @@
+"""How the worker's Kafka consumer hands each fetched message to the agents' streams.
+
+Faust's consumer delivers every message as ``wait_first(callback(message),
+suspend_flow.wait())``: four tasks and three cancellations per message, so that a delivery
+blocked by flow control (a rebalance, a full stream buffer) can be abandoned when the flow is
+suspended. Most deliveries do not block: they put the message in a stream's queue and
+return. ``bench/throughput.py``'s no-op agents on single-event messages show the cost: 51-54
+CPU-us per message on this consumer ((b)), 74-107 on Faust's own ((b'), a simpler agent).
+
+``HandOffConsumer`` runs the delivery inline up to its first suspension. When it completes
+there, as most do, no task is made. When it suspends (its stream's buffer is full, the flow is
+being suspended), the rest of it runs exactly as Faust runs it: raced against the flow's
+suspension, in Faust's own ``wait_first``. It also polls the Kafka client in short steps
+(``_getmany``): a hand-off this quick asks for the next records sooner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Generator
+from typing import Any, cast
+
+import faust
+from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TransportT
+from mode import Service
+
+
+class _Resume:
+    """Awaits a coroutine that already ran up to its first suspension, where it waits on
+    ``waiting_on``: it hands that on to the task awaiting this, as the coroutine's own task
+    would have, and drives the coroutine on from there (cancellation included)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
+        self.coro, self.waiting_on = coro, waiting_on
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, waiting_on = self.coro, self.waiting_on
+        while True:
+            try:
+                sent = yield waiting_on
+            except BaseException as exc:  # noqa: BLE001 - thrown in by the task: pass it on
+                step, arg = coro.throw, exc
+            else:
+                step, arg = coro.send, sent
+            try:
+                waiting_on = step(arg)
+            except StopIteration as done:
+                return done.value
+
+
+async def resumed(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:
+    return await _Resume(coro, waiting_on)
+
+
+def first_step(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
+    """Run ``coro`` up to its first suspension: (True, its result) when it finished there,
+    else (False, what it waits on). Its exceptions propagate."""
+    try:
+        return False, coro.send(None)
+    except StopIteration as done:
+        return True, done.value
+
+
+# The longest one poll of the Kafka client waits for records (see ``_getmany``).
+POLL_S = 0.05
+
+
+class HandOffConsumer(faust_aiokafka.Consumer):
+    """Faust's aiokafka consumer, delivering messages without a task each (see above)."""
+
+    async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
+        # Faust polls the client for up to a second. A poll that starts while the client's
+        # next fetch is on its way was seen to wait out that whole second and return nothing,
+        # though the fetch had brought its records within milliseconds (a no-op agent on
+        # 2,002 batch messages: 1.3 s, one second of it in one such poll; 0.36 s with short
+        # polls). Faust's slower hand-off seldom asked that early. Short polls bound the wait.
+        return await super()._getmany(active_partitions, min(timeout, POLL_S))
+
+    async def hand_off(self, message: Any) -> None:
+        coro = self.callback(message)
+        finished, waiting_on = first_step(coro)
+        if not finished:
+            await self.wait_first(resumed(coro, waiting_on), self.suspend_flow.wait())
+
+    async def _drain_messages(self, fetcher: Any) -> None:
+        # Faust 0.15.3's loop (faust.transport.consumer.Consumer._drain_messages) with one
+        # change: ``hand_off`` where it awaits ``wait_first(callback(message), ...)``.
+        hand_off = self.hand_off
+        getmany = self.getmany
+        consumer_should_stop = cast(Service, self)._stopped.is_set
+        fetcher_should_stop = cast(Service, fetcher)._stopped.is_set
+        get_read_offset = self._read_offset.__getitem__
+        set_read_offset = self._read_offset.__setitem__
+        set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
+        commit_every = self._commit_every
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        yield_every, num_since_yield = 100, 0
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                set_flag(CONSUMER_FETCHING)
+                ait = getmany(timeout=1.0)
+                # getmany can return at once many times over: let the loop run between
+                await self.sleep(0)
+                if not self.should_stop:
+                    async for tp, message in ait:
+                        num_since_yield += 1
+                        if num_since_yield > yield_every:
+                            await asyncio.sleep(0)
+                            num_since_yield = 0
+                        offset = message.offset
+                        r_offset = get_read_offset(tp)
+                        if r_offset is not None and offset < r_offset:
+                            continue  # read before: Faust drops it too
+                        gap = offset - (r_offset or 0)
+                        if gap > 1 and r_offset and acks_enabled_for(message.topic):
+                            await self._add_gap(tp, r_offset + 1, offset)
+                        if commit_every is not None and self._n_acked >= commit_every:
+                            self._n_acked = 0
+                            await self.commit()
+                        await hand_off(message)
+                        set_read_offset(tp, offset)
+                unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                self.log.info("Broker stopped consumer, shutting down...")
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                self.log.info("Consumer shutting down for user cancel.")
+                return
+            raise
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
+            raise
+        finally:
+            unset_flag(CONSUMER_FETCHING)
+
+
+class RawSchema(faust.Schema):
+    """Keys and values as the bytes Kafka holds: the agent decodes them itself. Faust's own
+    decoder looks up both serializers for every message to return the same bytes."""
+
+    def __init__(self) -> None:
+        super().__init__(key_serializer="raw", value_serializer="raw")
+
+    def compile(self, app: Any, **kwargs: Any) -> Any:
+        event = app.conf.Event
+
+        async def decode(message: Any, *, propagate: bool = False) -> Any:
+            return event(app, message.key, message.value, message.headers, message)
+        return decode
+
+
+class HandOffTransport(faust_aiokafka.Transport):
+    Consumer = HandOffConsumer
+
+
+class App(faust.App):
+    """A Faust app whose consumer is a ``HandOffConsumer`` (its producer is Faust's own)."""
+
+    def _new_transport(self) -> TransportT:
+        return HandOffTransport(self.conf.broker_consumer, self)

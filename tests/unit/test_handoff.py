@@ -1,0 +1,162 @@
+"""The consumer's hand-off: a delivery that does not block runs inline, one that does runs as
+Faust runs it (raced against the flow's suspension), and the coroutine sees what it would have
+seen in a task of its own: results, exceptions, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+import faust
+import pytest
+from faust.transport.consumer import Consumer as FaustConsumer
+from mode import Service
+
+from streams.handoff import App, HandOffConsumer, RawSchema, first_step, resumed
+
+
+class FakeConsumer(Service):
+    """What ``HandOffConsumer.hand_off`` uses of a consumer: its callback, its flow
+    suspension event and mode's ``wait_first``."""
+
+    def __init__(self, callback: Any) -> None:
+        super().__init__()
+        self.callback = callback
+        self.suspend_flow = asyncio.Event()
+
+    hand_off = HandOffConsumer.hand_off
+
+
+async def test_a_delivery_that_does_not_block_finishes_inline_without_a_task() -> None:
+    delivered: list[int] = []
+
+    async def deliver(message: int) -> None:
+        delivered.append(message)
+
+    before = len(asyncio.all_tasks())
+    consumer = FakeConsumer(deliver)
+    made: list[Any] = []
+    loop = asyncio.get_running_loop()
+    loop.set_task_factory(lambda loop, coro, **kw: made.append(coro) or asyncio.Task(
+        coro, loop=loop, **kw))
+    try:
+        for n in range(3):
+            await consumer.hand_off(n)
+    finally:
+        loop.set_task_factory(None)
+    assert delivered == [0, 1, 2]
+    assert made == []
+    assert len(asyncio.all_tasks()) == before
+
+
+async def test_a_blocked_delivery_resumes_with_what_it_waited_for() -> None:
+    room = asyncio.get_running_loop().create_future()
+    got: list[Any] = []
+
+    async def deliver(message: str) -> str:
+        await asyncio.sleep(0)  # a bare yield first
+        got.append(await room)
+        return message.upper()
+
+    consumer = FakeConsumer(deliver)
+    handing = asyncio.ensure_future(consumer.hand_off("m"))
+    await asyncio.sleep(0.01)
+    assert not handing.done() and got == []
+    room.set_result("room")
+    await asyncio.wait_for(handing, 1)
+    assert got == ["room"]
+
+
+async def test_a_blocked_delivery_is_abandoned_when_the_flow_is_suspended() -> None:
+    outcome: list[str] = []
+
+    async def deliver(message: str) -> None:
+        try:
+            await asyncio.Event().wait()  # a stream buffer that never drains
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+        outcome.append("delivered")
+
+    consumer = FakeConsumer(deliver)
+    handing = asyncio.ensure_future(consumer.hand_off("m"))
+    await asyncio.sleep(0.01)
+    consumer.suspend_flow.set()
+    await asyncio.wait_for(handing, 1)
+    await asyncio.sleep(0)
+    assert outcome == ["cancelled"]
+
+
+async def test_exceptions_reach_the_coroutine_and_the_hand_off() -> None:
+    fut = asyncio.get_running_loop().create_future()
+
+    async def deliver(message: str) -> None:
+        try:
+            await fut
+        except KeyError:
+            raise ValueError(f"bad {message}") from None
+
+    consumer = FakeConsumer(deliver)
+    handing = asyncio.ensure_future(consumer.hand_off("m"))
+    await asyncio.sleep(0.01)
+    fut.set_exception(KeyError("k"))
+    with pytest.raises(ValueError, match="bad m"):
+        await asyncio.wait_for(handing, 1)
+
+    async def fails_at_once(message: str) -> None:
+        raise RuntimeError(message)
+
+    with pytest.raises(RuntimeError, match="now"):
+        await FakeConsumer(fails_at_once).hand_off("now")
+
+
+async def test_a_resumed_coroutine_that_catches_cancellation_goes_on() -> None:
+    later = asyncio.get_running_loop().create_future()
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return await later
+
+    coro = stubborn()
+    finished, waiting_on = first_step(coro)
+    assert not finished
+    task = asyncio.ensure_future(resumed(coro, waiting_on))
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    assert not task.done()  # it caught the cancellation and waits again
+    later.set_result("after")
+    assert await asyncio.wait_for(task, 1) == "after"
+
+
+def test_the_worker_app_uses_the_hand_off_consumer_and_a_raw_schema() -> None:
+    app = App("handoff-test", broker="kafka://127.0.0.1:1", autodiscover=False)
+    assert app.transport.Consumer is HandOffConsumer
+    topic = app.topic("t", schema=RawSchema())
+    assert (topic.key_serializer, topic.value_serializer) == ("raw", "raw")
+
+
+async def test_the_raw_schema_passes_kafkas_bytes_through() -> None:
+    app = faust.App("raw-schema-test", broker="kafka://127.0.0.1:1", autodiscover=False)
+    decode = RawSchema().compile(app)
+
+    class Message:
+        key, value, headers = b"k", b"\xff not json", [("h", b"1")]
+
+    message = Message()
+    event = await decode(message)
+    assert (event.key, event.value, event.message) == (b"k", b"\xff not json", message)
+
+
+def test_the_drain_loop_copied_is_the_one_faust_runs() -> None:
+    """``HandOffConsumer._drain_messages`` is Faust 0.15.3's loop with one call changed: a
+    Faust that delivers messages another way needs it reread."""
+    assert faust.__version__ == "0.15.3"
+    source = inspect.getsource(FaustConsumer._drain_messages)
+    assert "await self.wait_first(\n                                callback(message), " \
+           "self.suspend_flow.wait()\n                            )" in source
+    ours = inspect.getsource(HandOffConsumer._drain_messages)
+    assert "await hand_off(message)" in ours and "self.wait_first(" not in ours
