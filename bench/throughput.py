@@ -25,10 +25,9 @@ timed from the first fetched message to the last one handled:
 (c) costline: the real worker (``build_app``), done when every partition's Redis watermark
     ``{ns:usage:P}:wm`` reaches the topic's end offset.
 
-(b) is the stricter baseline for costline (the same app, less costline's own work: c/b is the
-share of the worker's time that Faust and Kafka take); (b') is a no-op agent on Faust as it
-comes, against which Faust's per-message cost on a machine can be compared with figures
-measured elsewhere.
+(b) is the stricter baseline for costline (the same app, less costline's own work and what it
+waits on); (b') is a no-op agent on Faust as it comes, against which Faust's per-message cost
+on a machine can be compared with figures measured elsewhere.
 
 It prints events/s, CPU per event, the ratios c/a, c/b and c/b', the worker's peak RSS
 (VmHWM) and the CPU and peak RSS of its rule evaluation process (a child of the worker), Redis
@@ -602,17 +601,20 @@ async def ceiling(a: argparse.Namespace, probe: Probe) -> None:
 
 
 def own_group(suffix: str) -> None:
-    """Every ``faust.App`` built from now on gets its own consumer group: ``<id>-<suffix>``
-    (``build_app`` and ``faust_app`` call ``faust.App(...)``)."""
+    """Every Faust app built from now on gets its own consumer group: ``<id>-<suffix>``
+    (``faust_app`` builds a ``streams.handoff.App``, or the ``faust.App`` it is given)."""
     import faust
 
-    base = faust.App
+    from streams import handoff
 
-    class OwnGroupApp(base):  # type: ignore[misc, valid-type]
-        def __init__(self, id: str, **kwargs: Any) -> None:
-            super().__init__(f"{id}-{suffix}", **kwargs)
+    for module in (faust, handoff):
+        base = module.App
 
-    faust.App = OwnGroupApp
+        class OwnGroupApp(base):  # type: ignore[misc, valid-type]
+            def __init__(self, id: str, **kwargs: Any) -> None:
+                super().__init__(f"{id}-{suffix}", **kwargs)
+
+        module.App = OwnGroupApp  # type: ignore[misc]
 
 
 def time_first_fetch(a: argparse.Namespace, probe: Probe) -> None:

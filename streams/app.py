@@ -62,8 +62,10 @@ def faust_broker(bootstrap: str) -> list[str]:
     return [f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()]
 
 
-def faust_app(settings: Settings, app_class: type[faust.App] = handoff.App) -> faust.App:
-    """The worker's Faust app; ``app_class=faust.App`` gives it Faust's own consumer."""
+def faust_app(settings: Settings, app_class: type[faust.App] | None = None) -> faust.App:
+    """The worker's Faust app (``handoff.App``); ``app_class=faust.App`` gives it Faust's own
+    consumer."""
+    app_class = app_class or handoff.App
     datadir = settings.state_dir / "faust" / settings.namespace
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     return app_class(

@@ -4,14 +4,16 @@ Faust's consumer delivers every message as ``wait_first(callback(message),
 suspend_flow.wait())``: four tasks and three cancellations per message, so that a delivery
 blocked by flow control (a rebalance, a full stream buffer) can be abandoned when the flow is
 suspended. Most deliveries do not block: they put the message in a stream's queue and
-return. ``bench/throughput.py``'s no-op agents on single-event messages show the cost: 51-54
-CPU-us per message on this consumer ((b)), 74-107 on Faust's own ((b'), a simpler agent).
+return. The worker's app with a no-op handler (``bench/throughput.py``'s (b)) spent 51-54
+CPU-us per single-event message on this consumer and 101-131 on Faust's own (alternating runs).
 
 ``HandOffConsumer`` runs the delivery inline up to its first suspension. When it completes
 there, as most do, no task is made. When it suspends (its stream's buffer is full, the flow is
 being suspended), the rest of it runs exactly as Faust runs it: raced against the flow's
-suspension, in Faust's own ``wait_first``. It also polls the Kafka client in short steps
-(``_getmany``): a hand-off this quick asks for the next records sooner.
+suspension, in the consumer's ``wait_first`` (mode's ``Service``). The first step runs in the
+consumer's fetch task, not in a task of its own: Faust's delivery path neither looks at the
+current task nor sets context variables. The consumer also polls the Kafka client in short
+steps (``_getmany``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class _Resume:
                 waiting_on = step(arg)
             except StopIteration as done:
                 return done.value
+            finally:
+                del arg  # a thrown exception holds this frame through its traceback
 
 
 async def resumed(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:
@@ -71,18 +75,24 @@ class HandOffConsumer(faust_aiokafka.Consumer):
     """Faust's aiokafka consumer, delivering messages without a task each (see above)."""
 
     async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
-        # Faust polls the client for up to a second. A poll that starts while the client's
-        # next fetch is on its way was seen to wait out that whole second and return nothing,
-        # though the fetch had brought its records within milliseconds (a no-op agent on
-        # 2,002 batch messages: 1.3 s, one second of it in one such poll; 0.36 s with short
-        # polls). Faust's slower hand-off seldom asked that early. Short polls bound the wait.
+        # Faust polls the client for up to a second. Right after a poll that took a fetch's
+        # records, the next poll was seen to wait out that whole second and return nothing,
+        # with every partition active (none paused for a full stream buffer), though the
+        # client logged the next fetch's records within milliseconds of it starting (a no-op
+        # agent on 2,002 batch messages: 1.3 s, one second of it in one such poll; 0.36 s with
+        # short polls). Why the client's waiter was not woken was not pinned down; Faust's
+        # slower hand-off seldom polled that early. Short polls bound the wait. (With every
+        # partition paused Faust sleeps a second without polling; that was not seen here.)
         return await super()._getmany(active_partitions, min(timeout, POLL_S))
 
     async def hand_off(self, message: Any) -> None:
         coro = self.callback(message)
         finished, waiting_on = first_step(coro)
         if not finished:
-            await self.wait_first(resumed(coro, waiting_on), self.suspend_flow.wait())
+            rest = asyncio.ensure_future(resumed(coro, waiting_on))
+            # a delivery abandoned before its task ran is closed now, not when collected
+            rest.add_done_callback(lambda _: coro.close())
+            await self.wait_first(rest, self.suspend_flow.wait())
 
     async def _drain_messages(self, fetcher: Any) -> None:
         # Faust 0.15.3's loop (faust.transport.consumer.Consumer._drain_messages) with one

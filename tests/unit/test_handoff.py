@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 import faust
 import pytest
 from faust.transport.consumer import Consumer as FaustConsumer
+from faust.types import TP
 from mode import Service
 
 from streams.handoff import App, HandOffConsumer, RawSchema, first_step, resumed
@@ -160,3 +163,80 @@ def test_the_drain_loop_copied_is_the_one_faust_runs() -> None:
            "self.suspend_flow.wait()\n                            )" in source
     ours = inspect.getsource(HandOffConsumer._drain_messages)
     assert "await hand_off(message)" in ours and "self.wait_first(" not in ours
+
+
+class DrainStub(Service):
+    """What both drain loops use of a consumer, recording what they do: deliveries, read
+    offsets, gaps and commits. ``getmany`` hands out ``batches`` and then stops the consumer."""
+
+    consumer_stopped_errors = ()
+    hand_off = HandOffConsumer.hand_off
+
+    def __init__(self, batches: list[list[tuple[TP, Any]]]) -> None:
+        super().__init__()
+        self.batches = batches
+        self.delivered: list[tuple[str, int]] = []
+        self._read_offset: dict[TP, int | None] = defaultdict(lambda: None)
+        self.gaps: list[tuple[TP, int, int]] = []
+        self.commits: list[int] = []
+        self._commit_every, self._n_acked = 3, 0
+        self.suspend_flow = asyncio.Event()
+        self.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
+        self.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda t: t != "noack"))
+        self.transport = SimpleNamespace(app=SimpleNamespace(should_stop=False))
+
+    async def callback(self, message: Any) -> None:
+        if message.offset % 4 == 0:
+            await asyncio.sleep(0)  # some deliveries suspend, as a full buffer makes them
+        self.delivered.append((message.topic, message.offset))
+        self._n_acked += 1
+
+    async def getmany(self, timeout: float) -> Any:
+        if not self.batches:
+            self._stopped.set()
+            return
+        for item in self.batches.pop(0):
+            yield item
+
+    async def _add_gap(self, tp: TP, start: int, end: int) -> None:
+        self.gaps.append((tp, start, end))
+
+    async def commit(self) -> None:
+        self.commits.append(len(self.delivered))
+
+
+def _drained(drain: Any) -> DrainStub:
+    def batch(topic: str, *offsets: int) -> list[tuple[TP, Any]]:
+        tp = TP(topic, 0)
+        return [(tp, SimpleNamespace(topic=topic, offset=o, key=None, value=b"")) for o in offsets]
+
+    stub = DrainStub([
+        batch("t", 0, 1, 2, 3, 4),
+        batch("t", 3, 4, 5, 9, 10) + batch("noack", 0, 5),  # re-read, then a gap
+        [],
+        batch("t", 11, 20, 21, 22, 23, 24) + batch("u", 7, 8),  # "u" starts at 7: no gap
+    ])
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    asyncio.get_event_loop().run_until_complete(drain(stub, fetcher))
+    return stub
+
+
+def test_the_drain_loop_does_what_fausts_does_with_every_message() -> None:
+    """Deliveries, read offsets, gaps and commits, message for message, on the same input
+    (offsets read before, gaps, a topic without acks, an empty fetch, suspending deliveries)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        faust_run = _drained(FaustConsumer._drain_messages)
+        ours = _drained(HandOffConsumer._drain_messages)
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+    assert ours.delivered == faust_run.delivered
+    assert dict(ours._read_offset) == dict(faust_run._read_offset)
+    assert ours.gaps == faust_run.gaps
+    assert ours.commits == faust_run.commits
+    # offset 3 was read before and is dropped; Faust hands on the last one read (4) again
+    assert ours.delivered[:9] == [("t", o) for o in (0, 1, 2, 3, 4, 4, 5, 9, 10)]
+    assert ours.gaps == [(TP("t", 0), 6, 9), (TP("t", 0), 12, 20)]  # none on "noack"
+    assert ours.commits == [3, 6, 9, 12, 15, 18]
