@@ -108,9 +108,10 @@ class Wiring:
         self.sync_redis = SyncRedis.from_url(settings.redis_url, socket_timeout=10,
                                              socket_connect_timeout=5)
 
-    def topic(self, name: str) -> Any:
-        return self.app.topic(self.settings.topic(name), value_serializer="raw",
-                              key_serializer="raw")
+    def topic(self, *names: str) -> Any:
+        """Topics whose agents take Kafka's bytes and decode them themselves."""
+        return self.app.topic(*(self.settings.topic(n) for n in names),
+                              schema=handoff.RawSchema())
 
     def sender(self, name: str) -> Send:
         """Send to an output topic and wait for Kafka's acknowledgement."""
@@ -154,7 +155,7 @@ class Wiring:
             metrics=self.metrics, health=self.health, window_events=settings.window_events,
             window_linger_s=settings.window_linger_s,
         )
-        source = app.topic(*sources, schema=handoff.RawSchema())
+        source = self.topic(*SOURCES)
 
         @app.agent(source, concurrency=1)
         async def aggregate(stream: Any) -> None:

@@ -16,7 +16,9 @@ from faust.transport.consumer import Consumer as FaustConsumer
 from faust.types import TP
 from mode import Service
 
+from streams.app import Wiring, faust_app
 from streams.handoff import App, HandOffConsumer, RawSchema, first_step, resumed
+from streams.settings import Settings
 
 
 class FakeConsumer(Service):
@@ -135,11 +137,20 @@ async def test_a_resumed_coroutine_that_catches_cancellation_goes_on() -> None:
     assert await asyncio.wait_for(task, 1) == "after"
 
 
-def test_the_worker_app_uses_the_hand_off_consumer_and_a_raw_schema() -> None:
+def test_the_worker_app_uses_the_hand_off_consumer_and_a_raw_schema(tmp_path: Any) -> None:
     app = App("handoff-test", broker="kafka://127.0.0.1:1", autodiscover=False)
     assert app.transport.Consumer is HandOffConsumer
     topic = app.topic("t", schema=RawSchema())
     assert (topic.key_serializer, topic.value_serializer) == ("raw", "raw")
+
+    settings = Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1")
+    wiring = Wiring(settings)
+    assert wiring.app.transport.Consumer is HandOffConsumer
+    sources = wiring.topic("usage", "faults")
+    assert isinstance(sources.schema, RawSchema)
+    assert set(sources.topics) == {settings.topic("usage"), settings.topic("faults")}
+    stock = faust_app(settings, app_class=faust.App)
+    assert stock.transport.Consumer is not HandOffConsumer
 
 
 async def test_the_raw_schema_passes_kafkas_bytes_through() -> None:
