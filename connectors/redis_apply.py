@@ -33,6 +33,8 @@ HISTORY_S = 86400
 # The most a bucket field may hold, in micro-units (Redis integers stop at 2^63 - 1; the script
 # compares in doubles, so it keeps some room for their rounding).
 SUM_LIMIT = 9_200_000_000_000_000_000
+# Integers Lua's doubles hold exactly; a larger delta travels as a decimal string.
+_LUA_EXACT = 2**53
 # Tag sets known to be in Redis, per partition slot (~150 bytes each; cleared when full).
 KNOWN_TAGSETS_MAX = 50_000
 FAULTS_KEPT_S = 7 * 86400
@@ -44,7 +46,8 @@ FAULTS_KEPT_S = 7 * 86400
 #   8 seen:    hour, {digest...}, hour, {...}, ...
 #   9 tagsets: id, canonical json, first slot, ...
 #  10 buckets: slot, its 5-minute, hourly and daily bucket keys, ...  (every slot in the cells)
-#  11 cells:   "<tagset id>:<measure>", slot, delta (a decimal string), ...
+#  11 cells:   "<tagset id>:<measure>", slot, delta, ...  (an integer; a decimal string when
+#              beyond 2^53, which Lua's doubles and msgpack's conversion to them cannot hold)
 #  12 latest:  resource\tmetric, ts, json, ...
 #  13 history: resource\tmetric, trim below, {score, member, ...}, ...
 #  14 faults:  trim below, {score, member, ...}   (or empty)
@@ -82,29 +85,35 @@ end
 -- Redis's 64-bit integers hold refuses the batch here, whole. One HMGET per 1,000 fields. Lua's
 -- doubles add integers exactly below 2^53: a value that is or would become 10^15 or more is
 -- left to HINCRBY (``big``), and only compared with the limit here, with room for the
--- doubles' rounding.
+-- doubles' rounding. A sum below 10^15 is handed to Redis as a Lua number, with no
+-- string.format per field: Redis writes an integral number as that integer (with %.17g up to
+-- 7.0, as an integer since), which a test checks on round sums.
 local LIMIT = tonumber(a[16])
 -- read before anything is written: a payload without them fails here, not halfway
 local LOG_ENTRIES, LOG_NAMED = tonumber(a[17][1]), tonumber(a[17][2])
 local function plan(key, fields, out, big, over)
-  local names, deltas = {}, {}
+  local names, deltas, n = {}, {}, 0
   for field, delta in pairs(fields) do
-    names[#names + 1] = field
-    deltas[#deltas + 1] = delta
+    n = n + 1
+    names[n] = field
+    deltas[n] = delta
   end
+  local exact, o = a[15] == 1, #out
   local first = 1
-  while first <= #names do
-    local last = math.min(first + 999, #names)
+  while first <= n do
+    local last = math.min(first + 999, n)
     local old = redis.call('HMGET', key, unpack(names, first, last))
     for j = first, last do
       local was, delta = old[j - first + 1], deltas[j]
-      local sum = delta + (was and tonumber(was) or 0)
+      local sum = delta
+      if was then sum = sum + tonumber(was) end
       if sum >= LIMIT or sum <= -LIMIT then
         over[#over + 1] = key .. ' ' .. names[j]
         over[#over + 1] = was or '0'
-      elseif a[15] ~= 1 and (not was or #was < 16) and sum > -1e15 and sum < 1e15 then
-        out[#out + 1] = names[j]
-        out[#out + 1] = string.format('%.0f', sum)
+      elseif not exact and sum > -1e15 and sum < 1e15 and (not was or #was < 16) then
+        out[o + 1] = names[j]
+        out[o + 2] = sum
+        o = o + 2
       else
         big[#big + 1] = names[j]
       end
@@ -149,10 +158,10 @@ for i = 1, #cells, 3 do
   local keys = tiers[cells[i + 1]]
   local field = cells[i]
   local delta = tonumber(cells[i + 2])
-  for t = 1, 3 do
-    local fields = keys[t]
-    fields[field] = (fields[field] or 0) + delta
-  end
+  local five, hour, day = keys[1], keys[2], keys[3]
+  five[field] = (five[field] or 0) + delta
+  hour[field] = (hour[field] or 0) + delta
+  day[field] = (day[field] or 0) + delta
 end
 local plans = {}
 local over = {}
@@ -403,7 +412,8 @@ def _cells(tally: Tally) -> list[Any]:
     flat: list[Any] = []
     for (tsid, slot), measures in tally.sums.items():
         for measure, delta in measures.items():
-            flat += [f"{tsid}:{measure}", slot, str(delta)]
+            flat += [f"{tsid}:{measure}", slot,
+                     delta if -_LUA_EXACT < delta < _LUA_EXACT else str(delta)]
     return flat
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import shutil
@@ -166,6 +167,41 @@ def test_faults_add_waste_and_leave_spend_unchanged(services, worker, namespace)
     pretrain = next(r for r in after["rows"] if r["group"]["team"] == "pretrain")
     # 512 × 2700 s and 64 × 720.5 s of gpu.h100 at 2.49/h, each counted once
     assert pretrain["waste"] == "988.054133"
+
+
+def test_batches_of_every_kafka_codec_are_counted(services, worker, namespace):
+    """Producers are not only costline's: whichever codec a producer's batches use, the worker
+    reads them (and costline's own producers use one it reads)."""
+    from aiokafka import AIOKafkaProducer
+
+    from connectors.kafka import best_compression
+
+    assert best_compression() == "lz4"
+    rng, ledger = random.Random(5), Ledger()
+    topic = f"{namespace}.usage.v1"
+
+    async def send(codec: str, events: list[dict]) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=services.bootstrap,
+                                    compression_type=codec, linger_ms=20)
+        await producer.start()
+        try:
+            sent = [await producer.send(topic, json.dumps(e).encode(), key=e["event_id"].encode())
+                    for e in events]
+            await asyncio.gather(*sent)
+        finally:
+            await producer.stop()
+
+    for codec in ("gzip", "lz4", "zstd", "snappy"):
+        events = [usage_event(rng, f"{codec}-{i}", DAY + 600 + i) for i in range(300)]
+        for event in events:
+            ledger.count(event)
+        asyncio.run(send(codec, events))
+    wait_caught_up(Redis.from_url(services.redis_url), namespace, "usage",
+                   end_offsets(services.bootstrap, topic), worker)
+    report = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team")
+    expected = ledger.total("cost", ("team",), {}, DAY, DAY + 86400)
+    assert rows_by_group(report, ("team",), "cost") == expected
+    assert read_all(services.bootstrap, f"{namespace}.dlq.v1", timeout_s=2) == []
 
 
 def test_calendar_day_follows_the_configured_time_zone(services, namespace, tmp_path):

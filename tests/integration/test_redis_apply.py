@@ -81,6 +81,20 @@ async def test_sums_stay_exact_past_what_doubles_hold(writer: BatchWriter,
             assert await _field(writer, slot, size, label, "big", "c") == total, (mark, size)
 
 
+async def test_round_sums_are_written_as_plain_integers(writer: BatchWriter,
+                                                        namespace: str) -> None:
+    # The script hands sums to Redis as Lua numbers; a Redis printing them in shortest form
+    # would write 1.2e+09, which no reader (and no later HINCRBY) takes for an integer.
+    slot = slot_tag(namespace, "usage", 0)
+    round_ones = [1_200_000_000, 10**14, 10**15 - 10**14, 5 * 10**12]
+    for mark, delta in enumerate(round_ones):
+        team = f"round{mark}"
+        tally = _tally({(team, T0): {"c": delta}}, [f"r{mark}"])
+        assert await writer.apply(slot, mark - 1, mark, tally) == Applied()
+        raw = await writer.redis.hget(bucket_key(slot, "5m", T0), f"{_tagset(team)[0]}:c")
+        assert raw == str(delta).encode(), (delta, raw)
+
+
 async def test_tag_sets_keep_their_oldest_slot(writer: BatchWriter, namespace: str) -> None:
     slot = slot_tag(namespace, "usage", 0)
     tsid, canonical = _tagset("a")
