@@ -12,25 +12,38 @@ from typing import Any
 
 import faust
 import pytest
+from faust.transport.conductor import Conductor
 from faust.transport.consumer import Consumer as FaustConsumer
 from faust.types import TP
 from mode import Service
+from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
 from streams.app import Wiring, faust_app
 from streams.handoff import App, HandOffConsumer, RawSchema, first_step, resumed
 from streams.settings import Settings
 
+TP0 = TP("t", 0)
+
+
+class Msg(str):
+    """A message of partition ``TP0`` (a string, so deliveries can show what they got)."""
+
+    tp = TP0
+
 
 class FakeConsumer(Service):
     """What ``HandOffConsumer.hand_off`` uses of a consumer: its callback, its flow
-    suspension event and mode's ``wait_first``."""
+    suspension event, mode's ``wait_first`` and the stream buffers each partition feeds."""
 
-    def __init__(self, callback: Any) -> None:
+    def __init__(self, callback: Any, buffers: list[FlowControlQueue] | None = None) -> None:
         super().__init__()
         self.callback = callback
         self.suspend_flow = asyncio.Event()
+        channels = [SimpleNamespace(queue=queue) for queue in buffers or []]
+        self.app = SimpleNamespace(topics=SimpleNamespace(_tp_index={TP0: channels}))
 
     hand_off = HandOffConsumer.hand_off
+    wait_for_room = HandOffConsumer.wait_for_room
 
 
 async def test_a_delivery_that_does_not_block_finishes_inline_without_a_task() -> None:
@@ -65,7 +78,7 @@ async def test_a_blocked_delivery_resumes_with_what_it_waited_for() -> None:
         return message.upper()
 
     consumer = FakeConsumer(deliver)
-    handing = asyncio.ensure_future(consumer.hand_off("m"))
+    handing = asyncio.ensure_future(consumer.hand_off(Msg("m")))
     await asyncio.sleep(0.01)
     assert not handing.done() and got == []
     room.set_result("room")
@@ -85,7 +98,7 @@ async def test_a_blocked_delivery_is_abandoned_when_the_flow_is_suspended() -> N
         outcome.append("delivered")
 
     consumer = FakeConsumer(deliver)
-    handing = asyncio.ensure_future(consumer.hand_off("m"))
+    handing = asyncio.ensure_future(consumer.hand_off(Msg("m")))
     await asyncio.sleep(0.01)
     consumer.suspend_flow.set()
     await asyncio.wait_for(handing, 1)
@@ -103,7 +116,7 @@ async def test_exceptions_reach_the_coroutine_and_the_hand_off() -> None:
             raise ValueError(f"bad {message}") from None
 
     consumer = FakeConsumer(deliver)
-    handing = asyncio.ensure_future(consumer.hand_off("m"))
+    handing = asyncio.ensure_future(consumer.hand_off(Msg("m")))
     await asyncio.sleep(0.01)
     fut.set_exception(KeyError("k"))
     with pytest.raises(ValueError, match="bad m"):
@@ -114,6 +127,44 @@ async def test_exceptions_reach_the_coroutine_and_the_hand_off() -> None:
 
     with pytest.raises(RuntimeError, match="now"):
         await FakeConsumer(fails_at_once).hand_off("now")
+
+
+def _full_buffer(size: int = 10) -> FlowControlQueue:
+    flow = FlowControlEvent(initially_suspended=False)
+    buffer: FlowControlQueue = FlowControlQueue(maxsize=size, flow_control=flow)
+    for n in range(size):
+        buffer.put_nowait(n)
+    return buffer
+
+
+async def test_after_a_full_buffer_deliveries_wait_until_it_is_down_to_the_low_level() -> None:
+    buffer = _full_buffer()  # Faust resumes a paused partition at 4 of 10 (0.4)
+    consumer = FakeConsumer(buffer.put, [buffer])
+    handing = asyncio.ensure_future(consumer.hand_off(Msg("m")))
+    await asyncio.sleep(0.01)
+    assert not handing.done()  # the buffer is full: the delivery waits
+    buffer.get_nowait()  # the agent takes one: the delivery is put, the buffer is full again
+    await asyncio.sleep(0.01)
+    assert buffer.qsize() == 10 and not handing.done()
+    for _ in range(5):
+        buffer.get_nowait()
+    await asyncio.sleep(0.01)
+    assert buffer.qsize() == 5 and not handing.done()
+    buffer.get_nowait()
+    await asyncio.wait_for(handing, 1)  # down to 4: the next deliveries run inline
+
+
+async def test_waiting_for_room_ends_when_the_flow_is_suspended() -> None:
+    buffer = _full_buffer()
+    consumer = FakeConsumer(buffer.put, [buffer])
+    handing = asyncio.ensure_future(consumer.hand_off(Msg("m")))
+    await asyncio.sleep(0.01)
+    buffer.get_nowait()
+    await asyncio.sleep(0.01)
+    assert not handing.done()
+    consumer.suspend_flow.set()
+    await asyncio.wait_for(handing, 1)
+    assert buffer.qsize() == 10
 
 
 async def test_a_resumed_coroutine_that_catches_cancellation_goes_on() -> None:
@@ -174,6 +225,8 @@ def test_the_drain_loop_copied_is_the_one_faust_runs() -> None:
            "self.suspend_flow.wait()\n                            )" in source
     ours = inspect.getsource(HandOffConsumer._drain_messages)
     assert "await hand_off(message)" in ours and "self.wait_first(" not in ours
+    # ``wait_for_room`` finds a partition's stream buffers in the conductor's index
+    assert "self._tp_index = defaultdict(set)" in inspect.getsource(Conductor.__init__)
 
 
 class DrainStub(Service):
@@ -182,6 +235,7 @@ class DrainStub(Service):
 
     consumer_stopped_errors = ()
     hand_off = HandOffConsumer.hand_off
+    wait_for_room = HandOffConsumer.wait_for_room
 
     def __init__(self, batches: list[list[tuple[TP, Any]]]) -> None:
         super().__init__()
@@ -193,7 +247,8 @@ class DrainStub(Service):
         self._commit_every, self._n_acked = 3, 0
         self.suspend_flow = asyncio.Event()
         self.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
-        self.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda t: t != "noack"))
+        self.app = SimpleNamespace(topics=SimpleNamespace(
+            acks_enabled_for=lambda t: t != "noack", _tp_index={}))
         self.transport = SimpleNamespace(app=SimpleNamespace(should_stop=False))
 
     async def callback(self, message: Any) -> None:
@@ -219,7 +274,8 @@ class DrainStub(Service):
 def _drained(drain: Any) -> DrainStub:
     def batch(topic: str, *offsets: int) -> list[tuple[TP, Any]]:
         tp = TP(topic, 0)
-        return [(tp, SimpleNamespace(topic=topic, offset=o, key=None, value=b"")) for o in offsets]
+        return [(tp, SimpleNamespace(topic=topic, offset=o, key=None, value=b"", tp=tp))
+                for o in offsets]
 
     stub = DrainStub([
         batch("t", 0, 1, 2, 3, 4),
