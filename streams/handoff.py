@@ -5,7 +5,8 @@ suspend_flow.wait())``: four tasks and three cancellations per message, so that 
 blocked by flow control (a rebalance, a full stream buffer) can be abandoned when the flow is
 suspended. Most deliveries do not block: they put the message in a stream's queue and
 return. The worker's app with a no-op handler (``bench/throughput.py``'s (b)) spent 51-54
-CPU-us per single-event message on this consumer and 101-131 on Faust's own (alternating runs).
+CPU-us per single-event message with this hand-off and 101-131 on Faust's own consumer
+(alternating runs); 26-28 once the consumer also waited for room (``wait_for_room``).
 
 ``HandOffConsumer`` runs the delivery inline up to its first suspension. When it completes
 there, as most do, no task is made. When it suspends (its stream's buffer is full, the flow is
