@@ -71,7 +71,9 @@ def first_step(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
 
 # The longest one poll of the Kafka client waits for records (see ``_getmany``).
 POLL_S = 0.05
-# How often a consumer waiting for room in a stream's buffer looks again (see ``hand_off``).
+# After a delivery found a stream's buffer full, the consumer waits until this share of the
+# buffer is free again, looking every ``ROOM_POLL_S`` (see ``wait_for_room``).
+ROOM_SHARE = 0.1
 ROOM_POLL_S = 0.002
 
 
@@ -100,21 +102,26 @@ class HandOffConsumer(faust_aiokafka.Consumer):
             await self.wait_for_room(message.tp)
 
     async def wait_for_room(self, tp: Any) -> None:
-        """Before the next delivery, let the stream buffers ``tp`` feeds drain to the level at
-        which Faust resumes a partition it paused for a full buffer.
+        """Before the next delivery, let the stream buffers ``tp`` feeds drain until a
+        ``ROOM_SHARE`` of each is free.
 
         A delivery mostly suspends because its stream's buffer is full: the agent is slower
         than Kafka. The agent's stream then takes one message at a time and each frees room
         for just one, so without this wait nearly every delivery would find the buffer full
-        and suspend, each time paying for Faust's put task and the hand-off's race. Waiting
-        for the low level lets the next few hundred deliveries run inline: the worker took
-        44-51 CPU-us per single-event message instead of 65-68 (``bench/throughput.py``,
-        alternating runs). Checked every ``ROOM_POLL_S``; a suspended flow (a rebalance) or a
-        stopping consumer ends the wait."""
-        channels = self.app.topics._tp_index.get(tp, ())
-        queues = [chan.queue for chan in channels]
+        and suspend, each time paying for Faust's put task and the hand-off's race. With the
+        wait the next deliveries run inline: the worker took 44-51 CPU-us per single-event
+        message instead of 65-68 (``bench/throughput.py``, alternating runs, waiting for 60%
+        of the buffer; a tenth did as well within this machine's noise). A tenth is room for
+        an agent's take (100 messages of the default 1,024) and no more: no partition's
+        messages are delivered meanwhile, so a buffer drained slowly (alerts held up by
+        Slack) holds up the others about as long as Faust's own blocked delivery would.
+        Checked every ``ROOM_POLL_S``; a suspended flow (a rebalance) or a stopping consumer
+        ends the wait."""
+        buffers = [chan.queue for chan in self.app.topics._tp_index.get(tp, ())]
+        # the most each may hold for deliveries to go on
+        limits = [b.maxsize - max(1, int(b.maxsize * ROOM_SHARE)) for b in buffers]
         while not (self.suspend_flow.is_set() or self.should_stop):
-            if all(q.qsize() <= q.pressure_drop_size for q in queues):
+            if all(b.qsize() <= limit for b, limit in zip(buffers, limits, strict=True)):
                 return
             await asyncio.sleep(ROOM_POLL_S)
 

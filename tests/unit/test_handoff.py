@@ -129,7 +129,7 @@ async def test_exceptions_reach_the_coroutine_and_the_hand_off() -> None:
         await FakeConsumer(fails_at_once).hand_off("now")
 
 
-def _full_buffer(size: int = 10) -> FlowControlQueue:
+def _full_buffer(size: int = 20) -> FlowControlQueue:
     flow = FlowControlEvent(initially_suspended=False)
     buffer: FlowControlQueue = FlowControlQueue(maxsize=size, flow_control=flow)
     for n in range(size):
@@ -137,21 +137,20 @@ def _full_buffer(size: int = 10) -> FlowControlQueue:
     return buffer
 
 
-async def test_after_a_full_buffer_deliveries_wait_until_it_is_down_to_the_low_level() -> None:
-    buffer = _full_buffer()  # Faust resumes a paused partition at 4 of 10 (0.4)
+async def test_after_a_full_buffer_deliveries_wait_until_a_tenth_of_it_is_free() -> None:
+    buffer = _full_buffer()
     consumer = FakeConsumer(buffer.put, [buffer])
     handing = asyncio.ensure_future(consumer.hand_off(Msg("m")))
     await asyncio.sleep(0.01)
     assert not handing.done()  # the buffer is full: the delivery waits
     buffer.get_nowait()  # the agent takes one: the delivery is put, the buffer is full again
     await asyncio.sleep(0.01)
-    assert buffer.qsize() == 10 and not handing.done()
-    for _ in range(5):
-        buffer.get_nowait()
-    await asyncio.sleep(0.01)
-    assert buffer.qsize() == 5 and not handing.done()
+    assert buffer.qsize() == 20 and not handing.done()
     buffer.get_nowait()
-    await asyncio.wait_for(handing, 1)  # down to 4: the next deliveries run inline
+    await asyncio.sleep(0.01)
+    assert buffer.qsize() == 19 and not handing.done()
+    buffer.get_nowait()
+    await asyncio.wait_for(handing, 1)  # 2 of 20 free: the next deliveries run inline
 
 
 async def test_waiting_for_room_ends_when_the_flow_is_suspended() -> None:
@@ -164,7 +163,7 @@ async def test_waiting_for_room_ends_when_the_flow_is_suspended() -> None:
     assert not handing.done()
     consumer.suspend_flow.set()
     await asyncio.wait_for(handing, 1)
-    assert buffer.qsize() == 10
+    assert buffer.qsize() == 20
 
 
 async def test_a_resumed_coroutine_that_catches_cancellation_goes_on() -> None:
