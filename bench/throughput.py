@@ -329,7 +329,7 @@ def generate(events: int, tagsets: int, partitions: int, zipf_s: float, seed: in
 
 
 def produce(bootstrap: str, topic: str, parts: list[list[bytes]], label: str) -> dict[str, Any]:
-    from connectors.kafka import best_compression, producer
+    from connectors.kafka import COMPRESSION, producer
 
     total = sum(len(p) for p in parts)
     prod = producer(bootstrap, client_id="costline-bench")
@@ -348,7 +348,7 @@ def produce(bootstrap: str, topic: str, parts: list[list[bytes]], label: str) ->
     prod.close()
     took = time.perf_counter() - started
     log(f"produced {label}: {total:,} messages in {took:.1f}s ({total / took:,.0f} msg/s)")
-    return {"messages": total, "seconds": took, "codec": best_compression(),
+    return {"messages": total, "seconds": took, "codec": COMPRESSION,
             "bytes": sum(len(v) for p in parts for v in p)}
 
 

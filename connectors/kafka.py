@@ -11,7 +11,6 @@ command loads this module, and importing kafka-python takes about 0.1 s.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import socket
 import struct
 from collections.abc import Iterable, Mapping
@@ -24,6 +23,10 @@ API_VERSIONS_KEY = 18
 TOPIC_ALREADY_EXISTS = 36
 # A batch of 10,000 events (README, Events) is a few MiB of JSON: topics and producer allow it.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# The codec costline's producers write: it shrinks JSON events nearly as well as gzip for a
+# fraction of the CPU. kafka-python writes it with ``lz4``; the worker's aiokafka reads it (and
+# zstd and snappy) with ``cramjam``: both are dependencies.
+COMPRESSION = "lz4"
 
 
 class KafkaUnavailable(RuntimeError):
@@ -276,22 +279,6 @@ def ensure_topics(client: Any, specs: Iterable[TopicSpec]) -> list[str]:
     return sorted(created)
 
 
-def best_compression() -> str:
-    """The cheapest good codec both of costline's Kafka clients handle, else gzip.
-
-    gzip is always available and shrinks JSON events about tenfold; lz4 does nearly as well
-    for a fraction of the CPU. kafka-python writes lz4 with ``lz4`` and zstd with
-    ``zstandard``; the worker's aiokafka reads both only with ``cramjam`` (both are costline
-    dependencies, so this is gzip only in an installation missing them): a codec the worker
-    cannot read would stop it at the first batch.
-    """
-    if importlib.util.find_spec("cramjam") is not None:
-        for codec, module in (("lz4", "lz4"), ("zstd", "zstandard")):
-            if importlib.util.find_spec(module) is not None:
-                return codec
-    return "gzip"
-
-
 def producer(
     bootstrap: str,
     *,
@@ -318,7 +305,7 @@ def producer(
         acks="all",
         enable_idempotence=True,
         linger_ms=linger_ms,
-        compression_type=compression or best_compression(),
+        compression_type=compression or COMPRESSION,
         batch_size=batch_bytes,
         max_request_size=MAX_MESSAGE_BYTES,
         allow_auto_create_topics=False,

@@ -86,19 +86,22 @@ end
 -- doubles add integers exactly below 2^53: a value that is or would become 10^15 or more is
 -- left to HINCRBY (``big``), and only compared with the limit here, with room for the
 -- doubles' rounding. A sum below 10^15 is handed to Redis as a Lua number, with no
--- string.format per field: Redis writes an integral number as that integer (with %.17g up to
--- 7.0, as an integer since), which a test checks on round sums.
+-- string.format per field: Redis 7.0 and Valkey 9 write an integral number as that integer,
+-- which a test checks on round sums.
 local LIMIT = tonumber(a[16])
+local EXACT = a[15] == 1
 -- read before anything is written: a payload without them fails here, not halfway
 local LOG_ENTRIES, LOG_NAMED = tonumber(a[17][1]), tonumber(a[17][2])
-local function plan(key, fields, out, big, over)
+-- Returns the field-value pairs to HSET and the fields to leave to HINCRBY.
+local function plan(key, fields, over)
+  local out, big = {}, {}
   local names, deltas, n = {}, {}, 0
   for field, delta in pairs(fields) do
     n = n + 1
     names[n] = field
     deltas[n] = delta
   end
-  local exact, o = a[15] == 1, #out
+  local o = 0
   local first = 1
   while first <= n do
     local last = math.min(first + 999, n)
@@ -110,7 +113,7 @@ local function plan(key, fields, out, big, over)
       if sum >= LIMIT or sum <= -LIMIT then
         over[#over + 1] = key .. ' ' .. names[j]
         over[#over + 1] = was or '0'
-      elseif not exact and sum > -1e15 and sum < 1e15 and (not was or #was < 16) then
+      elseif not EXACT and sum > -1e15 and sum < 1e15 and (not was or #was < 16) then
         out[o + 1] = names[j]
         out[o + 2] = sum
         o = o + 2
@@ -120,6 +123,7 @@ local function plan(key, fields, out, big, over)
     end
     first = last + 1
   end
+  return out, big
 end
 local seen = a[8]
 local dups = {}
@@ -166,9 +170,7 @@ end
 local plans = {}
 local over = {}
 for key, fields in pairs(sums) do
-  local out, big = {}, {}
-  plan(key, fields, out, big, over)
-  plans[key] = {out, big}
+  plans[key] = {plan(key, fields, over)}
 end
 if #over > 0 then return {3, over} end
 -- From here on every write succeeds: the batch is counted whole.
@@ -228,7 +230,7 @@ if #tagsets > 0 then
     redis.call('SET', log .. ':named', math.max(total, 0))
   end
 end
-if a[15] == 1 then
+if EXACT then
   -- amounts too large to add exactly in Lua's doubles: let Redis add each one. Amounts are
   -- never negative (events and prices are not), so each running total stays below the one
   -- the plan checked against the limit.
@@ -420,7 +422,7 @@ def _cells(tally: Tally) -> list[Any]:
 def _needs_exact(tally: Tally) -> int:
     """1 when Lua's doubles could not add this batch's amounts exactly."""
     total = sum(abs(d) for measures in tally.sums.values() for d in measures.values())
-    return 1 if total >= 2**53 else 0
+    return 1 if total >= _LUA_EXACT else 0
 
 
 def _latest(tally: Tally) -> list[Any]:

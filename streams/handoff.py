@@ -6,7 +6,7 @@ blocked by flow control (a rebalance, a full stream buffer) can be abandoned whe
 suspended. Most deliveries do not block: they put the message in a stream's queue and
 return. The worker's app with a no-op handler (``bench/throughput.py``'s (b)) spent 51-54
 CPU-us per single-event message with this hand-off and 101-131 on Faust's own consumer
-(alternating runs); 26-28 once the consumer also waited for room (``wait_for_room``).
+(alternating runs); 25.6-28.2 once the consumer also waited for room (``wait_for_room``).
 
 ``HandOffConsumer`` runs the delivery inline up to its first suspension. When it completes
 there, as most do, no task is made. When it suspends (its stream's buffer is full, the flow is
@@ -106,17 +106,17 @@ class HandOffConsumer(faust_aiokafka.Consumer):
         ``ROOM_SHARE`` of each is free.
 
         A delivery mostly suspends because its stream's buffer is full: the agent is slower
-        than Kafka. The agent's stream then takes one message at a time and each frees room
-        for just one, so without this wait nearly every delivery would find the buffer full
-        and suspend, each time paying for Faust's put task and the hand-off's race. With the
-        wait the next deliveries run inline: the worker took 44-51 CPU-us per single-event
-        message instead of 65-68 (``bench/throughput.py``, alternating runs, waiting for 60%
-        of the buffer; a tenth did as well within this machine's noise). A tenth is room for
-        an agent's take (100 messages of the default 1,024) and no more: no partition's
-        messages are delivered meanwhile, so a buffer drained slowly (alerts held up by
-        Slack) holds up the others about as long as Faust's own blocked delivery would.
-        Checked every ``ROOM_POLL_S``; a suspended flow (a rebalance) or a stopping consumer
-        ends the wait."""
+        than Kafka. Once full, a buffer that is only refilled as the agent frees room stays at
+        the brim, and deliveries keep suspending, each paying for Faust's put task and the
+        hand-off's race: 6% of a profile of the single-event worker (py-spy, 100 of 1,708
+        samples) was that path. With the wait the next deliveries run inline until the buffer
+        is full again: the worker took 43.5 and 50.6 CPU-us per single-event message instead of
+        65.2 and 68.3 (``bench/throughput.py``, alternating runs, waiting for 60% of the
+        buffer; a tenth did as well within this machine's noise). A tenth is room for an
+        agent's take (100 messages of the default 1,024) and no more: no partition's messages
+        are delivered meanwhile, so a buffer drained slowly (alerts held up by Slack) holds up
+        the others about as long as Faust's own blocked delivery would. Checked every
+        ``ROOM_POLL_S``; a suspended flow (a rebalance) or a stopping consumer ends the wait."""
         buffers = [chan.queue for chan in self.app.topics._tp_index.get(tp, ())]
         # the most each may hold for deliveries to go on
         limits = [b.maxsize - max(1, int(b.maxsize * ROOM_SHARE)) for b in buffers]

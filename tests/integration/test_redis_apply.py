@@ -95,6 +95,19 @@ async def test_round_sums_are_written_as_plain_integers(writer: BatchWriter,
         assert raw == str(delta).encode(), (delta, raw)
 
 
+async def test_a_batch_past_what_doubles_hold_adds_its_small_deltas_exactly(
+        writer: BatchWriter, namespace: str) -> None:
+    # Such a batch leaves every addition to HINCRBY: its small deltas travel as Lua numbers,
+    # its big ones as decimal strings.
+    slot = slot_tag(namespace, "usage", 0)
+    cells = {("small", T0): {"c": 1_200_000_000, "q": 7}, ("huge", T0): {"c": 2**53 + 5}}
+    assert await writer.apply(slot, -1, 0, _tally(cells, ["s", "h"])) == Applied()
+    for size, label in (("5m", T0), ("1h", T0), ("1d", "2026-01-01")):
+        assert await _field(writer, slot, size, label, "small", "c") == 1_200_000_000
+        assert await _field(writer, slot, size, label, "small", "q") == 7
+        assert await _field(writer, slot, size, label, "huge", "c") == 2**53 + 5
+
+
 async def test_tag_sets_keep_their_oldest_slot(writer: BatchWriter, namespace: str) -> None:
     slot = slot_tag(namespace, "usage", 0)
     tsid, canonical = _tagset("a")
