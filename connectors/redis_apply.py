@@ -17,7 +17,6 @@ from typing import Any
 
 import msgpack
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from connectors.redis_keys import (
     Calendar,
@@ -56,8 +55,6 @@ FAULTS_KEPT_S = 7 * 86400
 #              addition to Redis's integers instead of summing in Lua's doubles
 #  16 limit:   the most a bucket field may hold (``SUM_LIMIT``)
 #  17 first-bucket log: {entries it keeps, tag sets they may name} (``FirstsLogSize``)
-#  18 compact hashes: {most fields, longest value} Redis keeps a hash compact for
-#              (``hash-max-listpack-entries`` and ``-value``; see ``CompactHash``)
 # Replies: {2} applied; {0, stored watermark}; {1, positions of counted digests};
 # {3, "<bucket key> <field>", its stored value, ... for each sum the batch would take past
 # the limit}.
@@ -92,17 +89,12 @@ end
 -- string.format per field: Redis 7.0 and Valkey 9 write an integral number as that integer,
 -- which a test checks on round sums.
 local LIMIT = tonumber(a[16])
--- no tag set's field: its id is hex digits
-local SPARE_FIELD = '~'
 local EXACT = a[15] == 1
 -- read before anything is written: a payload without them fails here, not halfway
 local LOG_ENTRIES, LOG_NAMED = tonumber(a[17][1]), tonumber(a[17][2])
-local COMPACT_MAX, LONG_VALUE = tonumber(a[18][1]), string.rep('-', tonumber(a[18][2]) + 1)
--- Returns the field-value pairs to HSET, the fields to leave to HINCRBY, and whether the
--- write takes the hash past the fields Redis keeps compact (see ``CompactHash``).
+-- Returns the field-value pairs to HSET and the fields to leave to HINCRBY.
 local function plan(key, fields, over)
   local out, big = {}, {}
-  local added = 0
   local names, deltas, n = {}, {}, 0
   for field, delta in pairs(fields) do
     n = n + 1
@@ -117,7 +109,7 @@ local function plan(key, fields, over)
     for j = first, last do
       local was, delta = old[j - first + 1], deltas[j]
       local sum = delta
-      if was then sum = sum + tonumber(was) else added = added + 1 end
+      if was then sum = sum + tonumber(was) end
       if sum >= LIMIT or sum <= -LIMIT then
         over[#over + 1] = key .. ' ' .. names[j]
         over[#over + 1] = was or '0'
@@ -131,9 +123,7 @@ local function plan(key, fields, over)
     end
     first = last + 1
   end
-  if added == 0 then return out, big, false end
-  local held = redis.call('HLEN', key)
-  return out, big, held <= COMPACT_MAX and held + added > COMPACT_MAX
+  return out, big
 end
 local seen = a[8]
 local dups = {}
@@ -240,11 +230,6 @@ if #tagsets > 0 then
     redis.call('SET', log .. ':named', math.max(total, 0))
   end
 end
--- A hash about to pass the compact size is made a hash table first, by a value too long for
--- the compact form: filled as a compact list, every field added scans all before it.
-for key, p in pairs(plans) do
-  if p[3] then redis.call('HSET', key, SPARE_FIELD, LONG_VALUE) end
-end
 if EXACT then
   -- amounts too large to add exactly in Lua's doubles: let Redis add each one. Amounts are
   -- never negative (events and prices are not), so each running total stays below the one
@@ -263,10 +248,7 @@ else
     end
   end
 end
-for key, p in pairs(plans) do
-  if p[3] then redis.call('HDEL', key, SPARE_FIELD) end
-  redis.call('EXPIRE', key, ttls[key])
-end
+for key, _ in pairs(sums) do redis.call('EXPIRE', key, ttls[key]) end
 local latest = a[12]
 local util = S .. ':util'
 for i = 1, #latest, 3 do
@@ -291,43 +273,6 @@ end
 redis.call('SET', KEYS[1], tostring(a[2]))
 return {2}
 """
-
-
-@dataclass(frozen=True)
-class CompactHash:
-    """The most fields, and the longest value, of a hash Redis keeps as a compact list
-    (``hash-max-listpack-entries`` and ``-value``; ``-ziplist-`` before Redis 7).
-
-    A compact hash filled field by field scans all its fields for each one: a fresh 5-minute
-    bucket taking 600 fields in one write cost 3.5–4.3 µs of Redis 7.0's CPU per field, and
-    1.2–1.5 µs made a hash table first. Redis 7.0 converts a hash only once it holds more
-    than the limit; Valkey and later Redis also convert first when one command brings more,
-    but not when a hash grows past the limit write by write. So the batch script converts a
-    hash that a write takes past the limit before writing: a hash that would have stayed
-    compact stays compact, and one that would not is never filled compact.
-    """
-
-    entries: int = 128  # Redis's defaults
-    value: int = 64
-
-
-async def compact_hash(redis: Redis) -> CompactHash:
-    """The server's limits, or Redis's defaults when it will not say (a managed Redis may
-    refuse CONFIG): a hash is then converted too early (more memory) or too late (more CPU),
-    never written wrong."""
-    try:
-        config = await redis.config_get("hash-max-*")
-    except ResponseError:
-        return CompactHash()
-    said = {decoded(k): decoded(v) for k, v in config.items() if k and v}
-
-    def limit(what: str, default: int) -> int:
-        for name in (f"hash-max-listpack-{what}", f"hash-max-ziplist-{what}"):
-            if said.get(name, "").isdigit():
-                return int(said[name])
-        return default
-
-    return CompactHash(limit("entries", CompactHash.entries), limit("value", CompactHash.value))
 
 
 @dataclass(frozen=True)
@@ -373,7 +318,6 @@ class BatchWriter:
         self.retention = retention or Retention()
         self.firsts_log = firsts_log or FirstsLogSize()
         self._script = redis.register_script(_SCRIPT)
-        self.compact: CompactHash | None = None  # asked of Redis before the first write
         # Per slot: tag set id → the oldest slot already recorded for it in Redis. A tag set
         # Redis already has is not sent again (most events repeat a known tag set).
         self._known: dict[str, dict[str, int]] = {}
@@ -392,8 +336,6 @@ class BatchWriter:
         if len(known) > KNOWN_TAGSETS_MAX:
             known.clear()
         fresh = _new_tagsets(tally, known)
-        if self.compact is None:
-            self.compact = await compact_hash(self.redis)
         payload, order = self.payload(slot, expected, new_wm, tally, fresh)
         reply = await self._script(keys=[wm_key(slot)], args=[payload])
         code = int(reply[0])
@@ -423,14 +365,13 @@ class BatchWriter:
                 tagsets: list[tuple[str, str, int]]) -> tuple[bytes, list[bytes]]:
         """The script's argument, and the digests in the order the script numbers them."""
         seen, order = _seen(tally)
-        ret, compact = self.retention, self.compact or CompactHash()
+        ret = self.retention
         packed = msgpack.packb([
             expected, new_wm, slot, self.dedup_ttl, ret.five_min, ret.hour, ret.day,
             seen, [field for entry in tagsets for field in entry], self._buckets(slot, tally),
             _cells(tally),
             _latest(tally), _history(tally), _faults(tally), _needs_exact(tally),
             str(SUM_LIMIT), [self.firsts_log.entries, self.firsts_log.named],
-            [compact.entries, compact.value],
         ], use_bin_type=False)
         return packed, order
 

@@ -7,14 +7,7 @@ import random
 
 import pytest
 
-from connectors.redis_apply import (
-    Applied,
-    BatchWriter,
-    CompactHash,
-    Duplicates,
-    Overflow,
-    compact_hash,
-)
+from connectors.redis_apply import Applied, BatchWriter, Duplicates, Overflow
 from connectors.redis_keys import Calendar, bucket_key, first_seen_key, slot_tag, tagsets_key
 from rules.tally import Tally, event_digest, tagset_id, tagset_json
 from tests.integration.redis_writer import Writer
@@ -113,46 +106,6 @@ async def test_a_batch_past_what_doubles_hold_adds_its_small_deltas_exactly(
         assert await _field(writer, slot, size, label, "small", "c") == 1_200_000_000
         assert await _field(writer, slot, size, label, "small", "q") == 7
         assert await _field(writer, slot, size, label, "huge", "c") == 2**53 + 5
-
-
-async def test_compact_limits_are_the_servers(writer: BatchWriter) -> None:
-    config = await writer.redis.config_get("hash-max-*")
-    said = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in config.items()}
-    limits = await compact_hash(writer.redis)
-    assert limits.entries == said.get("hash-max-listpack-entries",
-                                      said.get("hash-max-ziplist-entries"))
-    assert limits.value == said.get("hash-max-listpack-value",
-                                    said.get("hash-max-ziplist-value"))
-
-
-async def test_a_bucket_a_write_takes_past_the_compact_size_is_a_hash_table_first(
-        writer: BatchWriter, namespace: str) -> None:
-    # Limits far below the server's, so that only the script can have converted a bucket:
-    # Redis itself keeps these few fields compact.
-    writer.compact = CompactHash(entries=8, value=64)
-    slot = slot_tag(namespace, "usage", 0)
-    writes = [  # teams of each write, in one 5-minute slot each
-        ({f"a{i}" for i in range(3)}, T0),           # 3 fields × 2 measures: stays compact
-        ({f"b{i}" for i in range(5)}, T0 + 300),     # 10 fields in one write
-        ({f"c{i}" for i in range(3)}, T0 + 600),     # 6 fields, then 6 more of new teams
-        ({f"d{i}" for i in range(3)}, T0 + 600),
-    ]
-    for mark, (teams, five) in enumerate(writes):
-        cells = {(team, five): {"c": 10 + mark, "q": 1} for team in teams}
-        ids = [f"k{mark}-{team}" for team in teams]
-        assert await writer.apply(slot, mark - 1, mark, _tally(cells, ids)) == Applied()
-
-    async def encoding(five: int) -> bytes:
-        return await writer.redis.object("encoding", bucket_key(slot, "5m", five))
-
-    assert await encoding(T0) in (b"listpack", b"ziplist")
-    assert await encoding(T0 + 300) == b"hashtable"
-    assert await encoding(T0 + 600) == b"hashtable"
-    for five, fields in ((T0, 6), (T0 + 300, 10), (T0 + 600, 12)):
-        held = await writer.redis.hgetall(bucket_key(slot, "5m", five))
-        assert len(held) == fields and b"~" not in held
-    assert await _field(writer, slot, "5m", T0 + 600, "d1", "c") == 13
-    assert await _field(writer, slot, "1h", T0, "b4", "c") == 11
 
 
 async def test_tag_sets_keep_their_oldest_slot(writer: BatchWriter, namespace: str) -> None:
