@@ -130,11 +130,10 @@ class PriceBook:
     def __init__(self, model: PriceBookModel) -> None:
         self.currency = model.currency
         self.prices: dict[str, Price] = dict(model.prices)
-        # What ``charge`` reads of each price, with its price per unit in micro-units exact
-        # and as the nearest float (see product_micro): one lookup per event.
+        # Each price with its price per unit in micro-units, exact and as the nearest float
+        # (see product_micro): one lookup per event.
         self._rates = {
-            name: (p.unit, p.category, p.billing, _CTX.multiply(p.price, _MICRO_D),
-                   float(_CTX.multiply(p.price, _MICRO_D)))
+            name: (p, _CTX.multiply(p.price, _MICRO_D), float(_CTX.multiply(p.price, _MICRO_D)))
             for name, p in self.prices.items()
         }
 
@@ -160,24 +159,24 @@ class PriceBook:
         rate = self._rates.get(event.resource_type)
         if rate is None:
             self.price_of(event.resource_type)  # raises the unknown resource type
-        unit, category, billing, exact_micro, float_micro = rate  # type: ignore[misc]
-        if event.unit != unit:
+        price, exact_micro, float_micro = rate  # type: ignore[misc]
+        if event.unit != price.unit:
             raise PricingError(
                 "unit_mismatch",
-                f"field unit: {event.unit!r} but {event.resource_type} is priced per {unit!r}",
+                f"field unit: {event.unit!r} but {event.resource_type} is priced per "
+                f"{price.unit!r}",
             )
-        amount = event.quantity
-        quantity = product_micro(amount, _MICRO_D, 1e6)
+        quantity = product_micro(event.quantity, _MICRO_D, 1e6)
         stated = event.cost
         if stated is None:
-            cost = product_micro(amount, exact_micro, float_micro)
+            cost = product_micro(event.quantity, exact_micro, float_micro)
         else:
             cost = product_micro(stated, _MICRO_D, 1e6)
         # One comparison on the hot path; which field overflowed is worked out only then.
         if cost > MAX_EVENT_MICRO or quantity > MAX_EVENT_MICRO:
             _bounded("quantity", quantity)
             _bounded("quantity" if stated is None else "cost", cost)
-        return Charge(cost, quantity, event.category or category, billing)
+        return Charge(cost, quantity, event.category or price.category, price.billing)
 
     def waste(self, event: FaultEvent) -> int:
         """units × (lost_seconds + recovery_seconds) / 3600 × hourly price, in micro-units."""
