@@ -55,6 +55,10 @@ log = logging.getLogger("costline.worker")
 SOURCES = {"usage": "usage", "faults": "faults"}
 # How often a worker checks that Redis still holds the watermarks of its idle partitions.
 WATERMARK_CHECK_S = 10.0
+# Input messages not yet applied to Redis (over the worker's partitions) from which the
+# aggregation counts as behind, and rule evaluations rest longer (streams.evaluator): more
+# than a few takes of messages waiting, whatever a message holds.
+BEHIND_MESSAGES = 1_000
 Send = Callable[[bytes, bytes], Awaitable[None]]
 
 
@@ -198,7 +202,7 @@ class Wiring:
         self.every(WATERMARK_CHECK_S, "zone_record", record_zone)
         return aggregator
 
-    def alerting(self) -> Evaluator:
+    def alerting(self, aggregator: Aggregator) -> Evaluator:
         settings = self.settings
         runner = ProcessRunner(settings, self.prices) if settings.evaluator == "process" else None
         return Evaluator(
@@ -207,6 +211,7 @@ class Wiring:
             store=AlertStore(self.sync_redis, settings.namespace),
             publish=self.sender("alerts"), metrics=self.metrics, tick_s=settings.rules_tick_s,
             runner=runner,
+            behind=lambda: sum(self._lag(aggregator).values()) >= BEHIND_MESSAGES,
         )
 
     def reclamation(self, evaluator: Evaluator) -> Reclaimer:
@@ -316,7 +321,7 @@ def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
     """The whole worker: aggregation, alerting, reclamation, Slack, probes and pages."""
     wiring = Wiring(settings)
     aggregator = wiring.aggregation()
-    evaluator = wiring.alerting()
+    evaluator = wiring.alerting(aggregator)
     reclaimer = wiring.reclamation(evaluator)
     wiring.slack(evaluator, reclaimer)
     wiring.probes()

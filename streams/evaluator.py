@@ -38,6 +38,12 @@ from streams.metrics import Metrics
 log = logging.getLogger("costline.evaluator")
 
 Publish = Callable[[bytes, bytes], Awaitable[None]]
+# After an evaluation, data may trigger the next one only after a rest of this many times as
+# long as it took: evaluating then takes at most half a core while the aggregation keeps up,
+# and a fifth of one while it is behind (catching up a backlog, or overloaded), when the
+# aggregation, Redis and Kafka need the CPU more than alerts need fresh partial sums.
+REST_KEEPING_UP = 1.0
+REST_BEHIND = 4.0
 
 
 class RuleSource:
@@ -127,8 +133,10 @@ class Evaluator:
 
     def __init__(self, *, source: RuleSource, state: RedisState, store: AlertStore,
                  publish: Publish, metrics: Metrics, tick_s: float = 30.0,
-                 runner: Runner | None = None) -> None:
+                 runner: Runner | None = None,
+                 behind: Callable[[], bool] = lambda: False) -> None:
         self.source, self.state, self.store = source, state, store
+        self.behind = behind  # whether the aggregation has a backlog
         self.publish, self.metrics, self.tick_s = publish, metrics, tick_s
         self.runner: Runner = runner if runner is not None else InlineRunner(state, store)
         self._generation: int | None = None
@@ -173,11 +181,11 @@ class Evaluator:
         started = time.perf_counter()
         evaluation = self.runner.evaluate(engine, now, full)
         cost = time.perf_counter() - started
-        # Data may trigger the next evaluation only after as long again, so evaluating takes
-        # half a core at most and leaves the rest to the aggregation, Redis and Kafka (inline,
-        # it would otherwise starve the aggregation of the GIL). Measured: a shorter rest
-        # (half as long) made the aggregation fall seconds behind on two CPUs.
-        self._ready_at = time.monotonic() + cost
+        # The rest leaves the CPU to the aggregation, Redis and Kafka (inline, evaluating would
+        # otherwise starve the aggregation of the GIL). Measured: a shorter rest (half as long)
+        # made the aggregation fall seconds behind on two CPUs.
+        rest = REST_BEHIND if self.behind() else REST_KEEPING_UP
+        self._ready_at = time.monotonic() + cost * rest
         self.metrics.observe("evaluation_seconds", cost)
         return evaluation
 

@@ -10,6 +10,7 @@ from rules.alerts import AlertBook
 from rules.engine import Engine, Evaluation
 from rules.loader import RuleSet
 from rules.memory_state import InMemoryState
+from streams import evaluator as evaluator_module
 from streams.evaluator import Evaluator
 from streams.metrics import Metrics
 from tests.unit.rulefiles.builders import T0, book, rule, sample, usage
@@ -118,3 +119,44 @@ def test_the_first_message_of_a_partition_triggers_an_evaluation() -> None:
     state.redis.applied = 0
     moved = step(worker, T0 + 1)  # well before the tick
     assert moved is not None and [c["group"] for c in moved.changes] == [{"team": "a"}]
+
+
+def test_data_waits_longer_after_an_evaluation_while_the_aggregation_is_behind(
+        monkeypatch: Any) -> None:
+    """The rest after an evaluation is as long as it took while the aggregation keeps up, and
+    ``REST_BEHIND`` times as long while it has a backlog."""
+    clock = [1000.0]
+    monkeypatch.setattr(evaluator_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(evaluator_module.time, "perf_counter", lambda: clock[0])
+    backlog = [False]
+    state = State()
+    worker = evaluator(state)
+    worker.behind = lambda: backlog[0]
+
+    class Slow:
+        """Evaluates as the engine does, taking two seconds of the test's clock."""
+
+        def __init__(self, runner: Any) -> None:
+            self.runner = runner
+
+        def evaluate(self, engine: Engine, now: float, full: bool) -> Evaluation:
+            clock[0] += 2.0
+            return self.runner.evaluate(engine, now, full)
+
+    worker.runner = Slow(worker.runner)
+
+    def moved_at(after: float) -> Evaluation | None:
+        state.redis.applied += 1  # type: ignore[operator]
+        clock[0] += after
+        return asyncio.run(worker.step(T0 + 1))
+
+    asyncio.run(worker.step(T0))  # the first, full evaluation: two seconds, keeping up
+    assert moved_at(1.9) is None  # still resting
+    backlog[0] = True  # the next evaluation ends with a backlog
+    assert moved_at(0.2) is not None  # rested as long as it took
+    assert evaluator_module.REST_BEHIND > 1.5
+    assert moved_at(2.1) is None  # resting longer than it would keeping up
+    assert moved_at(2.0 * evaluator_module.REST_BEHIND - 2.2) is None
+    backlog[0] = False
+    assert moved_at(0.2) is not None
+    assert moved_at(2.1) is not None  # caught up: as long as it took again
