@@ -19,6 +19,7 @@ import msgpack
 from redis.asyncio import Redis
 
 from connectors.redis_keys import (
+    USAGE,
     Calendar,
     FirstsLogSize,
     Retention,
@@ -27,7 +28,7 @@ from connectors.redis_keys import (
     slots_key,
     wm_key,
 )
-from rules.tally import Tally
+from rules.tally import COST, QUANTITY, Tally
 
 HISTORY_S = 86400
 # The most a bucket field may hold, in micro-units (Redis integers stop at 2^63 - 1; the script
@@ -46,7 +47,7 @@ FAULTS_KEPT_S = 7 * 86400
 #   8 seen:    hour, {digest...}, hour, {...}, ...
 #   9 tagsets: id, canonical json, first slot, ...
 #  10 buckets: slot, its 5-minute, hourly and daily bucket keys, ...  (every slot in the cells)
-#  11 cells:   "<tagset id>:<measure>", slot, delta, ...  (an integer; a decimal string when
+#  11 cells:   "<tagset id>:w:<fault>", slot, delta, ...  (an integer; a decimal string when
 #              beyond 2^53, which Lua's doubles and msgpack's conversion to them cannot hold)
 #  12 latest:  resource\tmetric, ts, json, ...
 #  13 history: resource\tmetric, trim below, {score, member, ...}, ...
@@ -55,9 +56,10 @@ FAULTS_KEPT_S = 7 * 86400
 #              addition to Redis's integers instead of summing in Lua's doubles
 #  16 limit:   the most a bucket field may hold (``SUM_LIMIT``)
 #  17 first-bucket log: {entries it keeps, tag sets they may name} (``FirstsLogSize``)
+#  18 usage:   "<tagset id>:u", slot, cost delta, quantity delta, ...  (as the cells' deltas)
 # Replies: {2} applied; {0, stored watermark}; {1, positions of counted digests};
-# {3, "<bucket key> <field>", its stored value, ... for each sum the batch would take past
-# the limit}.
+# {3, "<bucket key> <tag set id>:<measure>", its stored value, ... for each sum the batch would
+# take past the limit}.
 # Keys are built here from the slot tag: they all share it, so they live in the slot of
 # KEYS[1] on a Redis Cluster.
 _SCRIPT = """
@@ -125,6 +127,77 @@ local function plan(key, fields, over)
   end
   return out, big
 end
+-- A usage field holds "<cost> <quantity>": hash fields read and written are most of the
+-- script's time, and one field where there were two takes a third to a half of it off.
+-- The stored parts of a usage field, as numbers and as the strings they were read from.
+local function parts(was)
+  if not was then return 0, 0, '0', '0' end
+  local space = string.find(was, ' ', 1, true)
+  local c, q = string.sub(was, 1, space - 1), string.sub(was, space + 1)
+  return tonumber(c), tonumber(q), c, q
+end
+-- Exact sum of two decimal strings of non-negative integers (amounts are never negative),
+-- for sums past what doubles hold.
+local function dadd(x, y)
+  local out, carry, i, j = {}, 0, #x, #y
+  while i > 0 or j > 0 or carry > 0 do
+    local d = carry
+    if i > 0 then d = d + string.byte(x, i) - 48 end
+    if j > 0 then d = d + string.byte(y, j) - 48 end
+    out[#out + 1] = d % 10
+    carry = (d - d % 10) / 10
+    i, j = i - 1, j - 1
+  end
+  local digits = string.reverse(table.concat(out))
+  return string.match(digits, '^0*(%d-%d)$')
+end
+local function decimal(delta)
+  if type(delta) == 'number' then return string.format('%.0f', delta) end
+  return delta
+end
+-- As ``plan`` for a bucket's usage fields: the field-value pairs to HSET, and the fields whose
+-- sums doubles may not hold ({field, stored cost, stored quantity}), added exactly later.
+local function plan_usage(key, costs, quantities, over)
+  local out, big = {}, {}
+  local names, n = {}, 0
+  for field in pairs(costs) do
+    n = n + 1
+    names[n] = field
+  end
+  local o = 0
+  local first = 1
+  while first <= n do
+    local last = math.min(first + 999, n)
+    local old = redis.call('HMGET', key, unpack(names, first, last))
+    for j = first, last do
+      local field = names[j]
+      local wc, wq, sc, sq = parts(old[j - first + 1])
+      local c, q = wc + costs[field], wq + quantities[field]
+      local fits = true
+      if c >= LIMIT or c <= -LIMIT then
+        over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. 'c'
+        over[#over + 1] = sc
+        fits = false
+      end
+      if q >= LIMIT or q <= -LIMIT then
+        over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. 'q'
+        over[#over + 1] = sq
+        fits = false
+      end
+      if fits then
+        if not EXACT and c < 1e15 and q < 1e15 and c > -1e15 and q > -1e15 then
+          out[o + 1] = field
+          out[o + 2] = string.format('%.0f %.0f', c, q)
+          o = o + 2
+        else
+          big[#big + 1] = {field, sc, sq}
+        end
+      end
+    end
+    first = last + 1
+  end
+  return out, big
+end
 local seen = a[8]
 local dups = {}
 local pos = 0
@@ -140,21 +213,26 @@ if #dups > 0 then return {1, dups} end
 -- buckets: for each 5-minute slot in the batch, the sums of its three buckets (when the batch
 -- is flagged ``exact`` these doubles are only estimates, for the limit check)
 local sums = {}
+local usums = {}  -- bucket key → {usage field → cost}, {usage field → quantity}
 local ttls = {}
 local tiers = {}
+local utiers = {}
 local b_keys = {}
 local b = a[10]
 for i = 1, #b, 4 do
-  local keys = {}
+  local keys, ukeys = {}, {}
   for t = 1, 3 do
     local key = b[i + t]
     if not sums[key] then
       sums[key] = {}
+      usums[key] = {{}, {}}
       ttls[key] = a[4 + t]
     end
     keys[t] = sums[key]
+    ukeys[t] = usums[key]
   end
   tiers[b[i]] = keys
+  utiers[b[i]] = ukeys
   b_keys[b[i]] = {b[i + 1], b[i + 2], b[i + 3]}
 end
 local cells = a[11]
@@ -167,13 +245,58 @@ for i = 1, #cells, 3 do
   hour[field] = (hour[field] or 0) + delta
   day[field] = (day[field] or 0) + delta
 end
+local usage = a[18]
+for i = 1, #usage, 4 do
+  local keys = utiers[usage[i + 1]]
+  local field = usage[i]
+  local c, q = tonumber(usage[i + 2]), tonumber(usage[i + 3])
+  for t = 1, 3 do
+    local costs, quantities = keys[t][1], keys[t][2]
+    costs[field] = (costs[field] or 0) + c
+    quantities[field] = (quantities[field] or 0) + q
+  end
+end
 local plans = {}
+local uplans = {}
 local over = {}
 for key, fields in pairs(sums) do
   plans[key] = {plan(key, fields, over)}
+  uplans[key] = {plan_usage(key, usums[key][1], usums[key][2], over)}
 end
 if #over > 0 then return {3, over} end
 -- From here on every write succeeds: the batch is counted whole.
+-- Usage sums past what doubles hold: the batch's additions to them, exactly, as decimal
+-- strings (in an ``exact`` batch, every usage field's).
+local function exact_usage()
+  local out = {}
+  for key, _ in pairs(usums) do out[key] = {} end
+  for i = 1, #usage, 4 do
+    local c, q = decimal(usage[i + 2]), decimal(usage[i + 3])
+    local field = usage[i]
+    for t = 1, 3 do
+      local per = out[b_keys[usage[i + 1]][t]]
+      local was = per[field]
+      if was then per[field] = {dadd(was[1], c), dadd(was[2], q)} else per[field] = {c, q} end
+    end
+  end
+  return out
+end
+local exact_adds = nil
+for key, plan_ in pairs(uplans) do
+  local out, big = plan_[1], plan_[2]
+  chunked('HSET', key, out, 1, #out)
+  if #big > 0 and EXACT and not exact_adds then exact_adds = exact_usage() end
+  for j = 1, #big do
+    local field, sc, sq = big[j][1], big[j][2], big[j][3]
+    local c, q
+    if EXACT then
+      c, q = exact_adds[key][field][1], exact_adds[key][field][2]
+    else
+      c, q = decimal(usums[key][1][field]), decimal(usums[key][2][field])
+    end
+    redis.call('HSET', key, field, dadd(sc, c) .. ' ' .. dadd(sq, q))
+  end
+end
 for i = 1, #seen, 2 do
   local key = S .. ':seen:' .. seen[i]
   chunked('SADD', key, seen[i + 1], 1, #seen[i + 1])
@@ -297,7 +420,8 @@ class Duplicates:
 @dataclass(frozen=True)
 class Overflow:
     """Nothing was written: these sums would pass ``SUM_LIMIT``. Each is named
-    "<bucket key> <field>", with the value Redis holds for it."""
+    "<bucket key> <tag set id>:<measure>" (``c``, ``q`` or ``w:<fault>``), with the value Redis
+    holds for it."""
 
     stored: dict[str, int]
 
@@ -365,13 +489,13 @@ class BatchWriter:
                 tagsets: list[tuple[str, str, int]]) -> tuple[bytes, list[bytes]]:
         """The script's argument, and the digests in the order the script numbers them."""
         seen, order = _seen(tally)
+        waste, usage = _cells(tally)
         ret = self.retention
         packed = msgpack.packb([
             expected, new_wm, slot, self.dedup_ttl, ret.five_min, ret.hour, ret.day,
             seen, [field for entry in tagsets for field in entry], self._buckets(slot, tally),
-            _cells(tally),
-            _latest(tally), _history(tally), _faults(tally), _needs_exact(tally),
-            str(SUM_LIMIT), [self.firsts_log.entries, self.firsts_log.named],
+            waste, _latest(tally), _history(tally), _faults(tally), _needs_exact(tally),
+            str(SUM_LIMIT), [self.firsts_log.entries, self.firsts_log.named], usage,
         ], use_bin_type=False)
         return packed, order
 
@@ -410,13 +534,25 @@ def _new_tagsets(tally: Tally, known: dict[str, int]) -> list[tuple[str, str, in
     ]
 
 
-def _cells(tally: Tally) -> list[Any]:
-    flat: list[Any] = []
+def _cells(tally: Tally) -> tuple[list[Any], list[Any]]:
+    """The script's waste cells and its usage cells (``USAGE`` fields: cost and quantity)."""
+    waste: list[Any] = []
+    usage: list[Any] = []
     for (tsid, slot), measures in tally.sums.items():
+        cost, quantity = measures.get(COST), measures.get(QUANTITY)
+        if cost is not None or quantity is not None:
+            usage += [tsid + USAGE, slot, _wire(cost or 0), _wire(quantity or 0)]
+            if len(measures) == (cost is not None) + (quantity is not None):
+                continue
         for measure, delta in measures.items():
-            flat += [f"{tsid}:{measure}", slot,
-                     delta if -_LUA_EXACT < delta < _LUA_EXACT else str(delta)]
-    return flat
+            if measure != COST and measure != QUANTITY:
+                waste += [f"{tsid}:{measure}", slot, _wire(delta)]
+    return waste, usage
+
+
+def _wire(delta: int) -> int | str:
+    """A delta as the script takes it: a decimal string when Lua's doubles cannot hold it."""
+    return delta if -_LUA_EXACT < delta < _LUA_EXACT else str(delta)
 
 
 def _needs_exact(tally: Tally) -> int:

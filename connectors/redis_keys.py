@@ -107,6 +107,13 @@ def bucket_key(slot: str, size: str, label: str | int) -> str:
     return f"{slot}:b:{size}:{label}"
 
 
+# A bucket's usage field of a tag set, ``<tag set id>:u``, holds "<cost> <quantity>" in
+# micro-units; its waste fields are ``<tag set id>:w:<fault>``. (Buckets written before usage
+# fields existed hold ``<tag set id>:c`` and ``<tag set id>:q`` instead; readers add both.)
+USAGE = ":u"
+LEGACY_USAGE = {"cost": ":c", "quantity": ":q"}
+
+
 class Calendar:
     """Local dates of 5-minute slots in one time zone, cached (they are asked for per batch)."""
 

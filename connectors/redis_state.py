@@ -21,6 +21,8 @@ from redis import Redis
 
 from connectors import bucket_zone
 from connectors.redis_keys import (
+    LEGACY_USAGE,
+    USAGE,
     Calendar,
     Retention,
     bucket_key,
@@ -48,7 +50,7 @@ from rules.state import (
     matches,
 )
 
-_CODES: dict[str, str] = {"cost": "c", "quantity": "q"}
+_USAGE_PART: dict[str, int] = {"cost": 0, "quantity": 1}
 # Buckets read in one round trip: two days of hourly buckets. Their fields are held until
 # summed, so a month's hours are read in pieces.
 _BUCKETS_PER_READ = 48
@@ -413,24 +415,24 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
     if measure == "waste":
         for field, value in fields.items():
             if b":w:" not in field if isinstance(field, bytes) else ":w:" not in field:
-                continue  # spend or quantity: most fields, not decoded
+                continue  # usage: most fields, not decoded
             tsid, _, fault = decoded(field).partition(":w:")
             if fault:
                 name = f"{tsid}\t{fault}"
                 sums[name] = sums.get(name, 0) + int(value)
         return
-    suffix = f":{_CODES[measure]}"
-    binary = suffix.encode()
+    part = _USAGE_PART[measure]  # of "<cost> <quantity>"
+    legacy = LEGACY_USAGE[measure]
+    usage, old = USAGE.encode(), legacy.encode()  # both two bytes long
     for field, value in fields.items():
-        if isinstance(field, bytes):
-            if not field.endswith(binary):
-                continue
-            tsid = field[:-len(binary)].decode()
-        elif field.endswith(suffix):
-            tsid = field[:-len(suffix)]
+        raw = field if isinstance(field, bytes) else field.encode()
+        if raw.endswith(usage):
+            tsid, amount = raw[:-2].decode(), int(value.split()[part])
+        elif raw.endswith(old):
+            tsid, amount = raw[:-2].decode(), int(value)
         else:
-            continue
-        sums[tsid] = sums.get(tsid, 0) + int(value)
+            continue  # waste: not decoded
+        sums[tsid] = sums.get(tsid, 0) + amount
 
 
 def _log_entry(raw: bytes | str) -> LogEntry:

@@ -48,7 +48,7 @@ def aggregator(writer: BatchWriter, namespace: str, letters: list[dict[str, obje
 
 async def day_costs(writer: BatchWriter, slot: str) -> list[int]:
     day = await writer.redis.hgetall(bucket_key(slot, "1d", "2026-01-01"))
-    return sorted(int(value) for field, value in day.items() if field.endswith(b":c"))
+    return sorted(int(value.split()[0]) for field, value in day.items() if field.endswith(b":u"))
 
 
 async def test_a_message_past_what_a_sum_holds_is_refused_and_the_rest_counted(

@@ -41,7 +41,12 @@ def _tally(cells: dict[tuple[str, int], dict[str, int]], ids: list[str]) -> Tall
 
 async def _field(writer: BatchWriter, slot: str, size: str, label: str | int, team: str,
                  measure: str) -> int | None:
-    raw = await writer.redis.hget(bucket_key(slot, size, label), f"{_tagset(team)[0]}:{measure}")
+    """A sum as stored: cost ``c`` and quantity ``q`` in the usage field "<cost> <quantity>"."""
+    key, tsid = bucket_key(slot, size, label), _tagset(team)[0]
+    if measure in ("c", "q"):
+        raw = await writer.redis.hget(key, f"{tsid}:u")
+        return None if raw is None else int(raw.split()[("c", "q").index(measure)])
+    raw = await writer.redis.hget(key, f"{tsid}:{measure}")
     return None if raw is None else int(raw)
 
 
@@ -56,7 +61,9 @@ async def test_many_batches_sum_exactly_in_every_bucket(writer: BatchWriter,
             team = f"t{rng.randrange(50)}"
             five = T0 + rng.randrange(0, 2 * DAY, 300)
             measures = cells.setdefault((team, five), {})
-            for measure in ("c", "q"):
+            # usage, and now and then waste beside it (or alone) in the same cell
+            kinds = rng.choice([("c", "q"), ("c", "q"), ("c", "q", "w:oom"), ("w:oom",)])
+            for measure in kinds:
                 delta = rng.randrange(0, 10**12)
                 measures[measure] = measures.get(measure, 0) + delta
                 for size, label in (("5m", five), ("1h", five - five % 3600),
@@ -74,11 +81,14 @@ async def test_sums_stay_exact_past_what_doubles_hold(writer: BatchWriter,
     slot = slot_tag(namespace, "usage", 0)
     steps = [10**15 - 3, 7, 2**53 - 1, 2**53 + 5, 999, 10**18 + 1, 1]
     for mark, delta in enumerate(steps):
-        tally = _tally({("big", T0): {"c": delta}}, [f"e{mark}"])
+        # the quantity takes the steps in the other order: big beside small in one field
+        quantity = steps[-1 - mark]
+        tally = _tally({("big", T0): {"c": delta, "q": quantity}}, [f"e{mark}"])
         assert await writer.apply(slot, mark - 1, mark, tally) == Applied()
-        total = sum(steps[:mark + 1])
+        total, quantities = sum(steps[:mark + 1]), sum(steps[-1 - mark:])
         for size, label in (("5m", T0), ("1h", T0), ("1d", "2026-01-01")):
             assert await _field(writer, slot, size, label, "big", "c") == total, (mark, size)
+            assert await _field(writer, slot, size, label, "big", "q") == quantities, mark
 
 
 async def test_round_sums_are_written_as_plain_integers(writer: BatchWriter,
@@ -91,8 +101,8 @@ async def test_round_sums_are_written_as_plain_integers(writer: BatchWriter,
         team = f"round{mark}"
         tally = _tally({(team, T0): {"c": delta}}, [f"r{mark}"])
         assert await writer.apply(slot, mark - 1, mark, tally) == Applied()
-        raw = await writer.redis.hget(bucket_key(slot, "5m", T0), f"{_tagset(team)[0]}:c")
-        assert raw == str(delta).encode(), (delta, raw)
+        raw = await writer.redis.hget(bucket_key(slot, "5m", T0), f"{_tagset(team)[0]}:u")
+        assert raw == f"{delta} 0".encode(), (delta, raw)
 
 
 async def test_a_batch_past_what_doubles_hold_adds_its_small_deltas_exactly(
@@ -100,12 +110,20 @@ async def test_a_batch_past_what_doubles_hold_adds_its_small_deltas_exactly(
     # Such a batch leaves every addition to HINCRBY: its small deltas travel as Lua numbers,
     # its big ones as decimal strings.
     slot = slot_tag(namespace, "usage", 0)
-    cells = {("small", T0): {"c": 1_200_000_000, "q": 7}, ("huge", T0): {"c": 2**53 + 5}}
+    cells = {("small", T0): {"c": 1_200_000_000, "q": 7, "w:oom": 3},
+             ("huge", T0): {"c": 2**53 + 5}, ("huge", T0 + 300): {"c": 2**53 + 9, "q": 1},
+             ("waste", T0): {"w:oom": 2**53 + 1}}
     assert await writer.apply(slot, -1, 0, _tally(cells, ["s", "h"])) == Applied()
     for size, label in (("5m", T0), ("1h", T0), ("1d", "2026-01-01")):
         assert await _field(writer, slot, size, label, "small", "c") == 1_200_000_000
         assert await _field(writer, slot, size, label, "small", "q") == 7
-        assert await _field(writer, slot, size, label, "huge", "c") == 2**53 + 5
+        assert await _field(writer, slot, size, label, "small", "w:oom") == 3
+        assert await _field(writer, slot, size, label, "waste", "w:oom") == 2**53 + 1
+    assert await _field(writer, slot, "5m", T0, "huge", "c") == 2**53 + 5
+    assert await _field(writer, slot, "5m", T0, "huge", "q") == 0
+    for size, label in (("1h", T0), ("1d", "2026-01-01")):
+        assert await _field(writer, slot, size, label, "huge", "c") == 2**54 + 14
+        assert await _field(writer, slot, size, label, "huge", "q") == 1
 
 
 async def test_tag_sets_keep_their_oldest_slot(writer: BatchWriter, namespace: str) -> None:
@@ -155,3 +173,22 @@ async def test_a_sum_past_what_redis_holds_refuses_the_batch_whole(
     assert await writer.apply(slot, 0, 1, _tally({("b", T0): {"c": 7}}, ["y", "z"])) \
         == Applied()
     assert await _field(writer, slot, "1d", "2026-01-01", "b", "c") == 7
+
+
+async def test_a_quantity_past_what_redis_holds_is_named_as_a_quantity(
+        writer: BatchWriter, namespace: str) -> None:
+    # Cost and quantity share a field; the refusal still names the sum that would overflow.
+    slot = slot_tag(namespace, "usage", 0)
+    near = 9 * 10**18
+    assert await writer.apply(slot, -1, 0, _tally({("a", T0): {"c": 1, "q": near}}, ["x"])) \
+        == Applied()
+    outcome = await writer.apply(slot, 0, 1, _tally({("a", T0): {"c": 1, "q": 3 * 10**17}},
+                                                    ["y"]))
+    tsid = _tagset("a")[0]
+    assert outcome == Overflow({
+        f"{bucket_key(slot, size, label)} {tsid}:q": near
+        for size, label in (("5m", T0), ("1h", T0), ("1d", "2026-01-01"))
+    })
+    assert await writer.watermark(slot) == 0
+    assert await _field(writer, slot, "1d", "2026-01-01", "a", "c") == 1
+    assert await _field(writer, slot, "1d", "2026-01-01", "a", "q") == near
