@@ -94,36 +94,42 @@ local LIMIT = tonumber(a[16])
 local EXACT = a[15] == 1
 -- read before anything is written: a payload without them fails here, not halfway
 local LOG_ENTRIES, LOG_NAMED = tonumber(a[17][1]), tonumber(a[17][2])
--- Returns the field-value pairs to HSET and the fields to leave to HINCRBY.
-local function plan(key, fields, over)
-  local out, big = {}, {}
-  local names, deltas, n = {}, {}, 0
-  for field, delta in pairs(fields) do
+-- The fields of ``sums`` (field → addition), what ``key`` holds in each (false: nothing) and
+-- how many there are: one HMGET per 1,000 fields.
+local function stored(key, sums)
+  local names, n = {}, 0
+  for field in pairs(sums) do
     n = n + 1
     names[n] = field
-    deltas[n] = delta
   end
-  local o = 0
+  local olds = {}
   local first = 1
   while first <= n do
     local last = math.min(first + 999, n)
-    local old = redis.call('HMGET', key, unpack(names, first, last))
-    for j = first, last do
-      local was, delta = old[j - first + 1], deltas[j]
-      local sum = delta
-      if was then sum = sum + tonumber(was) end
-      if sum >= LIMIT or sum <= -LIMIT then
-        over[#over + 1] = key .. ' ' .. names[j]
-        over[#over + 1] = was or '0'
-      elseif not EXACT and sum > -1e15 and sum < 1e15 and (not was or #was < 16) then
-        out[o + 1] = names[j]
-        out[o + 2] = sum
-        o = o + 2
-      else
-        big[#big + 1] = names[j]
-      end
-    end
+    local got = redis.call('HMGET', key, unpack(names, first, last))
+    for j = first, last do olds[j] = got[j - first + 1] end
     first = last + 1
+  end
+  return names, olds, n
+end
+-- Returns the field-value pairs to HSET and the fields to leave to HINCRBY.
+local function plan(key, fields, over)
+  local out, big, o = {}, {}, 0
+  local names, olds, n = stored(key, fields)
+  for j = 1, n do
+    local name, was = names[j], olds[j]
+    local sum = fields[name]
+    if was then sum = sum + tonumber(was) end
+    if sum >= LIMIT or sum <= -LIMIT then
+      over[#over + 1] = key .. ' ' .. name
+      over[#over + 1] = was or '0'
+    elseif not EXACT and sum > -1e15 and sum < 1e15 and (not was or #was < 16) then
+      out[o + 1] = name
+      out[o + 2] = sum
+      o = o + 2
+    else
+      big[#big + 1] = name
+    end
   end
   return out, big
 end
@@ -158,43 +164,32 @@ end
 -- As ``plan`` for a bucket's usage fields: the field-value pairs to HSET, and the fields whose
 -- sums doubles may not hold ({field, stored cost, stored quantity}), added exactly later.
 local function plan_usage(key, costs, quantities, over)
-  local out, big = {}, {}
-  local names, n = {}, 0
-  for field in pairs(costs) do
-    n = n + 1
-    names[n] = field
-  end
-  local o = 0
-  local first = 1
-  while first <= n do
-    local last = math.min(first + 999, n)
-    local old = redis.call('HMGET', key, unpack(names, first, last))
-    for j = first, last do
-      local field = names[j]
-      local wc, wq, sc, sq = parts(old[j - first + 1])
-      local c, q = wc + costs[field], wq + quantities[field]
-      local fits = true
-      if c >= LIMIT or c <= -LIMIT then
-        over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. 'c'
-        over[#over + 1] = sc
-        fits = false
-      end
-      if q >= LIMIT or q <= -LIMIT then
-        over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. 'q'
-        over[#over + 1] = sq
-        fits = false
-      end
-      if fits then
-        if not EXACT and c < 1e15 and q < 1e15 and c > -1e15 and q > -1e15 then
-          out[o + 1] = field
-          out[o + 2] = string.format('%.0f %.0f', c, q)
-          o = o + 2
-        else
-          big[#big + 1] = {field, sc, sq}
-        end
+  local out, big, o = {}, {}, 0
+  local names, olds, n = stored(key, costs)
+  for j = 1, n do
+    local field = names[j]
+    local wc, wq, sc, sq = parts(olds[j])
+    local c, q = wc + costs[field], wq + quantities[field]
+    local fits = true
+    if c >= LIMIT or c <= -LIMIT then
+      over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. 'c'
+      over[#over + 1] = sc
+      fits = false
+    end
+    if q >= LIMIT or q <= -LIMIT then
+      over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. 'q'
+      over[#over + 1] = sq
+      fits = false
+    end
+    if fits then
+      if not EXACT and c < 1e15 and q < 1e15 and c > -1e15 and q > -1e15 then
+        out[o + 1] = field
+        out[o + 2] = string.format('%.0f %.0f', c, q)
+        o = o + 2
+      else
+        big[#big + 1] = {field, sc, sq}
       end
     end
-    first = last + 1
   end
   return out, big
 end
