@@ -28,7 +28,7 @@ from connectors.redis_keys import (
     slots_key,
     wm_key,
 )
-from rules.tally import COST, QUANTITY, Tally
+from rules.tally import COST, QUANTITY, WASTE_PREFIX, Tally
 
 HISTORY_S = 86400
 # The most a bucket field may hold, in micro-units (Redis integers stop at 2^63 - 1; the script
@@ -134,7 +134,8 @@ local function plan(key, fields, over)
   return out, big
 end
 -- A usage field holds "<cost> <quantity>": hash fields read and written are most of the
--- script's time, and one field where there were two takes a third to a half of it off.
+-- script's time, and one field where there were two took Redis's CPU per event from 9.1-11.2
+-- to 6.2-7.5 µs (bench/stages.py, docs/STATE.md).
 -- The stored parts of a usage field, as numbers and as the strings they were read from.
 local function parts(was)
   if not was then return 0, 0, '0', '0' end
@@ -161,6 +162,14 @@ local function decimal(delta)
   if type(delta) == 'number' then return string.format('%.0f', delta) end
   return delta
 end
+-- Whether a part of a usage field stays within the limit; if not, names it in ``over`` as
+-- "<bucket key> <tag set id>:<measure>" with the stored value.
+local function within(key, field, measure, sum, stored_part, over)
+  if sum < LIMIT and sum > -LIMIT then return true end
+  over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. measure
+  over[#over + 1] = stored_part
+  return false
+end
 -- As ``plan`` for a bucket's usage fields: the field-value pairs to HSET, and the fields whose
 -- sums doubles may not hold ({field, stored cost, stored quantity}), added exactly later.
 local function plan_usage(key, costs, quantities, over)
@@ -170,18 +179,9 @@ local function plan_usage(key, costs, quantities, over)
     local field = names[j]
     local wc, wq, sc, sq = parts(olds[j])
     local c, q = wc + costs[field], wq + quantities[field]
-    local fits = true
-    if c >= LIMIT or c <= -LIMIT then
-      over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. 'c'
-      over[#over + 1] = sc
-      fits = false
-    end
-    if q >= LIMIT or q <= -LIMIT then
-      over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. 'q'
-      over[#over + 1] = sq
-      fits = false
-    end
-    if fits then
+    local fits_cost = within(key, field, 'c', c, sc, over)
+    local fits_quantity = within(key, field, 'q', q, sq, over)
+    if fits_cost and fits_quantity then
       if not EXACT and c < 1e15 and q < 1e15 and c > -1e15 and q > -1e15 then
         out[o + 1] = field
         out[o + 2] = string.format('%.0f %.0f', c, q)
@@ -211,11 +211,10 @@ local sums = {}
 local usums = {}  -- bucket key → {usage field → cost}, {usage field → quantity}
 local ttls = {}
 local tiers = {}
-local utiers = {}
 local b_keys = {}
 local b = a[10]
 for i = 1, #b, 4 do
-  local keys, ukeys = {}, {}
+  local keys = {}
   for t = 1, 3 do
     local key = b[i + t]
     if not sums[key] then
@@ -224,10 +223,8 @@ for i = 1, #b, 4 do
       ttls[key] = a[4 + t]
     end
     keys[t] = sums[key]
-    ukeys[t] = usums[key]
   end
   tiers[b[i]] = keys
-  utiers[b[i]] = ukeys
   b_keys[b[i]] = {b[i + 1], b[i + 2], b[i + 3]}
 end
 local cells = a[11]
@@ -242,11 +239,11 @@ for i = 1, #cells, 3 do
 end
 local usage = a[18]
 for i = 1, #usage, 4 do
-  local keys = utiers[usage[i + 1]]
+  local keys = b_keys[usage[i + 1]]
   local field = usage[i]
   local c, q = tonumber(usage[i + 2]), tonumber(usage[i + 3])
   for t = 1, 3 do
-    local costs, quantities = keys[t][1], keys[t][2]
+    local costs, quantities = usums[keys[t]][1], usums[keys[t]][2]
     costs[field] = (costs[field] or 0) + c
     quantities[field] = (quantities[field] or 0) + q
   end
@@ -537,10 +534,10 @@ def _cells(tally: Tally) -> tuple[list[Any], list[Any]]:
         cost, quantity = measures.get(COST), measures.get(QUANTITY)
         if cost is not None or quantity is not None:
             usage += [tsid + USAGE, slot, _wire(cost or 0), _wire(quantity or 0)]
-            if len(measures) == (cost is not None) + (quantity is not None):
-                continue
+        if len(measures) == 2 and cost is not None and quantity is not None:
+            continue  # most cells: usage alone
         for measure, delta in measures.items():
-            if measure != COST and measure != QUANTITY:
+            if measure.startswith(WASTE_PREFIX):
                 waste += [f"{tsid}:{measure}", slot, _wire(delta)]
     return waste, usage
 
