@@ -1,4 +1,5 @@
-"""How the worker's Kafka consumer hands each fetched message to the agents' streams.
+"""How the worker's Kafka consumer hands each fetched message to the agents' streams, and
+what else the worker's Faust app leaves out of every message's way (see ``App``).
 
 Faust's consumer delivers every message as ``wait_first(callback(message),
 suspend_flow.wait())``: four tasks and three cancellations per message, so that a delivery
@@ -27,6 +28,7 @@ from typing import Any, cast
 import faust
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.transport.producer import ProducerBuffer
 from faust.types import TransportT
 from mode import Service
 
@@ -195,12 +197,52 @@ class RawSchema(faust.Schema):
         return decode
 
 
+# Two more costs Faust pays on every delivered message, which the worker has no use for: in a
+# profile of the single-event worker (py-spy, ``bench/throughput.py --profile-case single``),
+# 4% of its busy samples went to the producer buffer's size and 6% to the Monitor sensor.
+# Without them the worker took 65.0-70.4 CPU-us per single-event message against 74.9-85.0
+# (``bench/throughput.py --single-events 40000``, three alternating runs each).
+
+
+class UnthreadedBuffer(ProducerBuffer):
+    """Faust's producer buffer, for a producer that is not threaded. Faust's consumer asks its
+    size before every message it delivers (``wait_until_ebb``), and Faust's ``size`` looks
+    ``producer_threaded`` up in the settings each time, slowly, to choose a queue."""
+
+    @property
+    def size(self) -> int:
+        return self.pending.qsize()
+
+
+class Producer(faust_aiokafka.Producer):
+    """Faust's aiokafka producer with an ``UnthreadedBuffer`` when it is not threaded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.app.conf.producer_threaded:
+            # in place of the one Faust made, which nothing else holds before the app starts
+            self.buffer = UnthreadedBuffer(loop=self.loop, beacon=self.beacon)
+            self.buffer.app = self.app
+
+
 class HandOffTransport(faust_aiokafka.Transport):
     Consumer = HandOffConsumer
+    Producer = Producer
 
 
 class App(faust.App):
-    """A Faust app whose consumer is a ``HandOffConsumer`` (its producer is Faust's own)."""
+    """A Faust app whose consumer is a ``HandOffConsumer``, whose producer's buffer is an
+    ``UnthreadedBuffer``, and without Faust's Monitor sensor.
+
+    The Monitor keeps statistics for Faust's own web pages (``/stats/``, served only in
+    Faust's debug mode) from calls on every message and every event: costline's ``/metrics``
+    has its own counters. It still exists, unstarted, for the consumer's direct calls
+    (end offsets, commits)."""
 
     def _new_transport(self) -> TransportT:
         return HandOffTransport(self.conf.broker_consumer, self)
+
+    def on_init_dependencies(self) -> Any:
+        services = super().on_init_dependencies()  # adds the Monitor to the sensors
+        self.sensors.remove(self.monitor)
+        return services

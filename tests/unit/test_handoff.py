@@ -19,7 +19,14 @@ from mode import Service
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
 from streams.app import Wiring, faust_app
-from streams.handoff import App, HandOffConsumer, RawSchema, first_step, resumed
+from streams.handoff import (
+    App,
+    HandOffConsumer,
+    RawSchema,
+    UnthreadedBuffer,
+    first_step,
+    resumed,
+)
 from streams.settings import Settings
 
 TP0 = TP("t", 0)
@@ -201,6 +208,33 @@ def test_the_worker_app_uses_the_hand_off_consumer_and_a_raw_schema(tmp_path: An
     assert set(sources.topics) == {settings.topic("usage"), settings.topic("faults")}
     stock = faust_app(settings, app_class=faust.App)
     assert stock.transport.Consumer is not HandOffConsumer
+
+
+async def test_the_worker_app_sizes_its_producer_buffer_and_runs_without_the_monitor(
+        tmp_path: Any) -> None:
+    """The buffer's size (asked before every delivery) counts the messages waiting to be
+    produced; the Monitor is not among the sensors called on every message, nor started."""
+    app = faust_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"))
+    buffer = app.producer.buffer
+    assert isinstance(buffer, UnthreadedBuffer) and buffer.app is app
+    assert buffer.size == 0
+    buffer.pending.put_nowait("a")
+    buffer.pending.put_nowait("b")
+    assert buffer.size == 2
+    buffer.max_messages = 1
+    assert buffer.size > buffer.max_messages  # so wait_until_ebb flushes: Faust's rule
+
+    services = list(app.on_init_dependencies())
+    assert app.monitor not in set(app.sensors)
+    assert app.monitor not in services
+    assert app.producer in services
+
+    threaded = App("threaded", broker="kafka://127.0.0.1:1", autodiscover=False,
+                   producer_threaded=True)
+    assert not isinstance(threaded.producer.buffer, UnthreadedBuffer)
+    stock = faust_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"),
+                      app_class=faust.App)
+    assert stock.monitor in set(stock.on_init_dependencies()) | set(stock.sensors)
 
 
 async def test_the_raw_schema_passes_kafkas_bytes_through() -> None:
