@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,7 @@ from streams.app import Wiring, faust_app
 from streams.handoff import (
     App,
     HandOffConsumer,
+    InboundTimes,
     RawSchema,
     UnthreadedBuffer,
     first_step,
@@ -213,7 +215,8 @@ def test_the_worker_app_uses_the_hand_off_consumer_and_a_raw_schema(tmp_path: An
 async def test_the_worker_app_sizes_its_producer_buffer_and_runs_without_the_monitor(
         tmp_path: Any) -> None:
     """The buffer's size (asked before every delivery) counts the messages waiting to be
-    produced; the Monitor is not among the sensors called on every message, nor started."""
+    produced; the Monitor is not among the sensors called on every message, nor started, and
+    the one figure of it Faust's consumer reads is kept."""
     app = faust_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"))
     buffer = app.producer.buffer
     assert isinstance(buffer, UnthreadedBuffer) and buffer.app is app
@@ -228,6 +231,14 @@ async def test_the_worker_app_sizes_its_producer_buffer_and_runs_without_the_mon
     assert app.monitor not in set(app.sensors)
     assert app.monitor not in services
     assert app.producer in services
+    # What Faust's stall check reads: when a stream last took an event of each partition.
+    (inbound,) = app.sensors
+    assert isinstance(inbound, InboundTimes)
+    before = time.monotonic()
+    app.sensors.on_stream_event_in(TP0, 7, None, None)  # type: ignore[arg-type]
+    assert before <= app.monitor.stream_inbound_time[TP0] <= time.monotonic()
+    list(app.on_init_dependencies())
+    assert list(app.sensors) == [inbound]  # once, however often asked
 
     threaded = App("threaded", broker="kafka://127.0.0.1:1", autodiscover=False,
                    producer_threaded=True)
