@@ -422,14 +422,13 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
                 sums[name] = sums.get(name, 0) + int(value)
         return
     part = _USAGE_PART[measure]  # of "<cost> <quantity>"
-    legacy = LEGACY_USAGE[measure]
-    usage, old = USAGE.encode(), legacy.encode()  # both two bytes long
+    usage, old = USAGE.encode(), LEGACY_USAGE[measure].encode()
     for field, value in fields.items():
         raw = field if isinstance(field, bytes) else field.encode()
         if raw.endswith(usage):
-            tsid, amount = raw[:-2].decode(), int(value.split()[part])
+            tsid, amount = raw[:-len(usage)].decode(), int(value.split()[part])
         elif raw.endswith(old):
-            tsid, amount = raw[:-2].decode(), int(value)
+            tsid, amount = raw[:-len(old)].decode(), int(value)
         else:
             continue  # waste: not decoded
         sums[tsid] = sums.get(tsid, 0) + amount

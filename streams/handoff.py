@@ -22,8 +22,8 @@ client in short steps (``_getmany``).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Coroutine, Generator
+from time import monotonic
 from typing import Any, cast
 
 import faust
@@ -202,7 +202,8 @@ class RawSchema(faust.Schema):
 # Two more costs Faust pays on every delivered message, which the worker has no use for: in a
 # profile of the single-event worker (py-spy, ``bench/throughput.py --profile-case single``),
 # 4% of its busy samples went to the producer buffer's size and 6% to the Monitor sensor.
-# ``bench/faust_app.py`` times both against Faust's: 1.0-1.2 against 6.6 us per message.
+# ``bench/faust_app.py`` times both against Faust's: 1.2-2.1 against 6.6-8.4 us per message
+# (four runs).
 
 
 class UnthreadedBuffer(ProducerBuffer):
@@ -221,7 +222,9 @@ class Producer(faust_aiokafka.Producer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not self.app.conf.producer_threaded:
-            # in place of the one Faust made, which nothing else holds before the app starts
+            # In place of the one Faust made, which only the service graph holds before the
+            # app starts: it leaves the graph too.
+            self.buffer.beacon.detach(self.beacon)
             self.buffer = UnthreadedBuffer(loop=self.loop, beacon=self.beacon)
             self.buffer.app = self.app
 
@@ -242,7 +245,7 @@ class InboundTimes(Sensor):
         self.times = times
 
     def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> None:
-        self.times[tp] = time.monotonic()  # the Monitor's clock for it
+        self.times[tp] = monotonic()  # the Monitor's clock for it
 
 
 class App(faust.App):

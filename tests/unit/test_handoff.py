@@ -220,12 +220,25 @@ async def test_the_worker_app_sizes_its_producer_buffer_and_runs_without_the_mon
     app = faust_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"))
     buffer = app.producer.buffer
     assert isinstance(buffer, UnthreadedBuffer) and buffer.app is app
+    # the buffer Faust made left the service graph with it
+    assert [node.data for node in app.producer.beacon.children] == [buffer]
     assert buffer.size == 0
     buffer.pending.put_nowait("a")
     buffer.pending.put_nowait("b")
     assert buffer.size == 2
+    flushed: list[int] = []
+
+    async def flush_atmost(n: int) -> int:
+        flushed.append(n)
+        return 0
+
+    buffer.flush_atmost = flush_atmost  # type: ignore[method-assign]
+    await buffer.wait_until_ebb()  # 2 waiting, of at most 100: on at once
+    assert flushed == []
     buffer.max_messages = 1
     assert buffer.size > buffer.max_messages  # so wait_until_ebb flushes: Faust's rule
+    await buffer.wait_until_ebb()
+    assert flushed == [1]
 
     services = list(app.on_init_dependencies())
     assert app.monitor not in set(app.sensors)
