@@ -36,8 +36,11 @@ HISTORY_S = 86400
 SUM_LIMIT = 9_200_000_000_000_000_000
 # Integers Lua's doubles hold exactly; a larger delta travels as a decimal string.
 _LUA_EXACT = 2**53
-# Tag sets known to be in Redis, per partition slot (~150 bytes each; cleared when full).
-KNOWN_TAGSETS_MAX = 50_000
+# Tag sets known to be in Redis, across all the partition slots a writer serves (~135 bytes
+# each, ~16 MiB in all): the budget is split evenly between the slots, and a slot over its
+# share is cleared.
+# A budget per slot would grow with the partitions a worker owns (24 slots × 50,000 = 170 MiB).
+KNOWN_TAGSETS_MAX = 120_000
 FAULTS_KEPT_S = 7 * 86400
 
 # One argument, a msgpack array (decoded by Redis's own cmsgpack, so a batch of 50,000
@@ -438,6 +441,16 @@ class BatchWriter:
         # Redis already has is not sent again (most events repeat a known tag set).
         self._known: dict[str, dict[str, int]] = {}
 
+    @property
+    def known_tagsets(self) -> int:
+        """Tag sets remembered as being in Redis, over every slot."""
+        return sum(map(len, self._known.values()))
+
+    def forget(self, slot: str) -> None:
+        """Drop what is known of a slot this writer no longer serves (its share goes to the
+        others)."""
+        self._known.pop(slot, None)
+
     async def watermark(self, slot: str) -> int:
         raw = await self.redis.get(wm_key(slot))
         return -1 if raw is None else int(raw)
@@ -449,7 +462,7 @@ class BatchWriter:
 
     async def apply(self, slot: str, expected: int, new_wm: int, tally: Tally) -> Outcome:
         known = self._known.setdefault(slot, {})
-        if len(known) > KNOWN_TAGSETS_MAX:
+        if len(known) > KNOWN_TAGSETS_MAX // len(self._known):
             known.clear()
         fresh = _new_tagsets(tally, known)
         payload, order = self.payload(slot, expected, new_wm, tally, fresh)

@@ -143,6 +143,8 @@ class Aggregator:
     def on_revoked(self, tps: Sequence[TP]) -> None:
         for tp in tps:
             self.partitions.pop(tp, None)
+            if tp[0] in self.sources:
+                self.writer.forget(self.slot(tp))
 
     # -- filling windows ----------------------------------------------------------------
 

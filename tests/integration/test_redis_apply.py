@@ -140,6 +140,28 @@ async def test_tag_sets_keep_their_oldest_slot(writer: BatchWriter, namespace: s
     assert await writer.redis.hget(first_seen_key(slot), tsid) == str(T0 + 600).encode()
 
 
+async def test_what_is_known_of_tag_sets_stays_in_one_budget_over_all_slots(
+        writer: BatchWriter, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The budget is shared: however many partitions the worker owns, it remembers at most
+    # the budget plus one batch's new tag sets per slot.
+    monkeypatch.setattr("connectors.redis_apply.KNOWN_TAGSETS_MAX", 60)
+    slots = [slot_tag(namespace, "usage", p) for p in range(6)]
+    teams = [f"t{i}" for i in range(200)]
+    for batch in range(8):
+        for n, slot in enumerate(slots):
+            cells = {(team, T0): {"c": 1} for team in teams[batch * 25:batch * 25 + 25]}
+            ids = [f"{n}-{batch}-{team}" for team, _ in cells]
+            assert await writer.apply(slot, batch - 1, batch, _tally(cells, ids)) == Applied()
+            assert writer.known_tagsets <= 60 + 25 * len(slots)
+    # A tag set forgotten is sent again, and is still one tag set in Redis.
+    for slot in slots:
+        assert await writer.redis.hlen(tagsets_key(slot)) == 200
+        assert await _field(writer, slot, "1d", writer.calendar.date_of(T0), "t0", "c") == 1
+    before = writer.known_tagsets
+    writer.forget(slots[0])
+    assert writer.known_tagsets < before
+
+
 async def test_a_counted_event_refuses_the_batch(writer: BatchWriter, namespace: str) -> None:
     slot = slot_tag(namespace, "usage", 0)
     assert await writer.apply(slot, -1, 0, _tally({("a", T0): {"c": 5}}, ["x", "y"])) \

@@ -35,6 +35,10 @@ class MemoryWriter:
         self.cost: dict[str, int] = {}
         self.seen: set[bytes] = set()
         self.calls = 0
+        self.forgotten: list[str] = []
+
+    def forget(self, slot: str) -> None:
+        self.forgotten.append(slot)
 
     async def watermark(self, slot: str) -> int:
         return self.wm.get(slot, -1)
@@ -144,6 +148,16 @@ async def test_partitions_resume_after_their_watermarks():
     writer.wm["{t:usage:1}"] = 41
     resume = await agg.on_assigned([(TOPIC, 1), ("other.topic", 0)])
     assert resume == {(TOPIC, 1): 42}
+
+
+async def test_a_revoked_partition_is_forgotten_by_the_writer():
+    # What the writer remembers of a partition's tag sets would otherwise keep its share of
+    # the worker's budget after another worker took the partition.
+    agg, writer, _, _ = make()
+    await agg.on_assigned([(TOPIC, 1), (TOPIC, 2)])
+    agg.on_revoked([(TOPIC, 1), ("other.topic", 0)])
+    assert writer.forgotten == ["{t:usage:1}"]
+    assert list(agg.partitions) == [(TOPIC, 2)]
 
 
 class GatedWriter(MemoryWriter):

@@ -19,7 +19,7 @@ from faust.types import TP
 from mode import Service
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-from streams.app import Wiring, faust_app
+from streams.app import FETCH_BYTES_PER_PARTITION, Wiring, faust_app
 from streams.handoff import (
     App,
     HandOffConsumer,
@@ -364,3 +364,17 @@ def test_the_drain_loop_does_what_fausts_does_with_every_message() -> None:
     assert ours.delivered[:9] == [("t", o) for o in (0, 1, 2, 3, 4, 4, 5, 9, 10)]
     assert ours.gaps == [(TP("t", 0), 6, 9), (TP("t", 0), 12, 20)]  # none on "noack"
     assert ours.commits == [3, 6, 9, 12, 15, 18]
+
+
+async def test_the_worker_consumer_holds_a_bounded_share_of_what_it_fetched(
+        tmp_path: Any) -> None:
+    """Unbounded, one poll turns everything fetched for every owned partition into messages
+    at once, so a worker's memory would grow with the partitions it owns."""
+    settings = Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1", batch_messages=500)
+    app = faust_app(settings)
+    client = app.consumer._thread._create_worker_consumer(app.transport)
+    try:
+        assert client._max_poll_records == app.conf.stream_buffer_maxsize == 2000
+        assert client._max_partition_fetch_bytes == FETCH_BYTES_PER_PARTITION == 1024 * 1024
+    finally:
+        await client.stop()
