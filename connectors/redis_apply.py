@@ -38,8 +38,8 @@ SUM_LIMIT = 9_200_000_000_000_000_000
 _LUA_EXACT = 2**53
 # Tag sets known to be in Redis, across all the partition slots a writer serves (~135 bytes
 # each, ~16 MiB in all): the budget is split evenly between the slots, and a slot over its
-# share is cleared.
-# A budget per slot would grow with the partitions a worker owns (24 slots × 50,000 = 170 MiB).
+# share is cleared. A budget per slot would grow with the partitions a worker owns (24 slots
+# of 50,000 would be ~155 MiB).
 KNOWN_TAGSETS_MAX = 120_000
 FAULTS_KEPT_S = 7 * 86400
 

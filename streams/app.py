@@ -73,7 +73,6 @@ def faust_app(settings: Settings, app_class: type[faust.App] | None = None) -> f
     app_class = app_class or handoff.App
     datadir = settings.state_dir / "faust" / settings.namespace
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
-    buffered = max(1024, settings.batch_messages * 4)
     return app_class(
         f"{settings.namespace}-aggregator",
         broker=faust_broker(settings.kafka_bootstrap),
@@ -95,13 +94,7 @@ def faust_app(settings: Settings, app_class: type[faust.App] | None = None) -> f
         producer_max_request_size=MAX_MESSAGE_BYTES,
         # Messages Faust buffers ahead of the agent. 100-event batches are ~33 KB each, so
         # its default of 4,096 could hold 130 MiB; a few takes ahead keep the agent busy.
-        stream_buffer_maxsize=buffered,
-        # Messages one poll of the Kafka client turns into Faust's. Unbounded (Faust's
-        # default), a poll takes all that was fetched for every owned partition at once: one
-        # worker owning 24 partitions peaked at 334-335 MiB on a backlog of 100-event
-        # messages, 245-255 MiB with this bound, at the same speed within this machine's
-        # noise (bench/throughput.py --scale 1 --scale-partitions 24, alternating runs).
-        broker_max_poll_records=buffered,
+        stream_buffer_maxsize=max(1024, settings.batch_messages * 4),
         # Compressed bytes fetched ahead per partition: Kafka's own default, not Faust's 4 MiB,
         # so a worker owning 24 partitions holds at most 24 MiB of them. Kafka still returns
         # a larger message whole.

@@ -8,6 +8,7 @@ import asyncio
 import inspect
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,12 +22,16 @@ from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
 from streams.app import FETCH_BYTES_PER_PARTITION, Wiring, faust_app
 from streams.handoff import (
+    FIRST_POLL_MESSAGES,
+    POLL_BYTES,
     App,
     HandOffConsumer,
     InboundTimes,
+    PollByBytes,
     RawSchema,
     UnthreadedBuffer,
     first_step,
+    messages_per_poll,
     resumed,
 )
 from streams.settings import Settings
@@ -370,11 +375,36 @@ async def test_the_worker_consumer_holds_a_bounded_share_of_what_it_fetched(
         tmp_path: Any) -> None:
     """Unbounded, one poll turns everything fetched for every owned partition into messages
     at once, so a worker's memory would grow with the partitions it owns."""
-    settings = Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1", batch_messages=500)
-    app = faust_app(settings)
-    client = app.consumer._thread._create_worker_consumer(app.transport)
+    app = faust_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"))
+    thread = app.consumer._thread
+    assert isinstance(thread, PollByBytes)
+    client = thread._create_worker_consumer(app.transport)
     try:
-        assert client._max_poll_records == app.conf.stream_buffer_maxsize == 2000
         assert client._max_partition_fetch_bytes == FETCH_BYTES_PER_PARTITION == 1024 * 1024
     finally:
         await client.stop()
+
+    asked: list[int | None] = []
+
+    async def fetched_records(partitions: Any, timeout: float, max_records: int | None) -> Any:
+        asked.append(max_records)
+        return {TP0: [SimpleNamespace(value=b"x" * 32_768)] * 3}
+
+    fetcher = SimpleNamespace(_closed=False, fetched_records=fetched_records,
+                              _subscriptions=SimpleNamespace(fetch_context=nullcontext))
+    consumer = SimpleNamespace(_closed=False, _fetcher=fetcher)
+    thread.consumer = SimpleNamespace(flow_active=True)  # type: ignore[assignment]
+    await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=None)
+    await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=None)
+    assert asked == [FIRST_POLL_MESSAGES, POLL_BYTES // 32_768]
+
+
+def test_a_poll_takes_about_poll_bytes_of_messages() -> None:
+    def records(*sizes: int) -> dict[str, list[Any]]:
+        return {"tp": [SimpleNamespace(value=b"x" * size) for size in sizes]}
+
+    assert messages_per_poll(records(330, 330), 7) == POLL_BYTES // 330  # single events
+    assert messages_per_poll(records(33_000, 35_000), 7) == POLL_BYTES // 34_000
+    assert messages_per_poll(records(), 7) == 7  # nothing taken: nothing learnt
+    assert messages_per_poll({"tp": [SimpleNamespace(value=None)]}, 7) == POLL_BYTES
+    assert messages_per_poll(records(64 * 1024 * 1024), 7) == 1  # still one message
