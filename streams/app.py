@@ -188,6 +188,8 @@ class Wiring:
                 log.info("resuming %d partitions from Redis watermarks", len(resume))
 
         self.metrics.gauge("consumer_lag", lambda: self._lag(aggregator))
+        self.metrics.gauge("tagsets_known",
+                           lambda: {(): float(aggregator.writer.known_tagsets)})
         self.every(WATERMARK_CHECK_S, "watermark_check", aggregator.verify_watermarks)
 
         async def record_zone() -> None:
@@ -350,5 +352,7 @@ def _describe(metrics: Metrics) -> None:
         "evaluation_seconds": "latency of one evaluation (every rule on the tick; between "
                               "ticks, the rules new data can change)",
         "consumer_lag": "input messages not yet applied to Redis",
+        "tagsets_known": "tag sets the worker knows Redis holds, so does not send again "
+                         "(one budget over its partitions)",
     }.items():
         metrics.describe(name, text)

@@ -16,7 +16,8 @@ suspension, in the consumer's ``wait_first`` (mode's ``Service``). The first ste
 consumer's fetch task, not in a task of its own: Faust's delivery path neither looks at the
 current task nor sets context variables. After a delivery that suspended, the consumer lets
 the stream's buffer drain before it delivers more (``wait_for_room``). It also polls the Kafka
-client in short steps (``_getmany``).
+client in short steps (``_getmany``), each taking about ``POLL_BYTES`` of messages
+(``PollByBytes``).
 """
 
 from __future__ import annotations

@@ -156,6 +156,11 @@ def counted(worker: Worker) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def known_tagsets(worker: Worker) -> float:
+    found = re.search(r"^costline_tagsets_known (\S+)$", metrics(worker), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def test_workers_split_partitions_and_totals_stay_exact_through_rebalances(services, group):
     rng, ledger = random.Random(17), Ledger()
     for _ in range(3):
@@ -185,6 +190,8 @@ def test_workers_split_partitions_and_totals_stay_exact_through_rebalances(servi
     wait_caught_up(Redis.from_url(services.redis_url), group.namespace, "usage", ends,
                    timeout=60)
     assert all(counted(w) > 0 for w in group.live())
+    # and each remembers, for the partitions it owns now, tag sets it need not send again
+    assert all(known_tagsets(w) > 0 for w in group.live())
     env = group.workers[0].env
     by_job = spend_json(env, "--period", "day", "--at", AT, "--by", "team,job")
     assert rows_by_group(by_job, ("team", "job"), "cost") == ledger.total(
