@@ -101,20 +101,22 @@ class PollByBytes(faust_aiokafka.AIOKafkaConsumerThread):
 
     Unbounded (Faust's default), a poll turns all that was fetched for every owned partition
     into messages at once: one worker owning 24 partitions peaked at 321-335 MiB on a backlog
-    of 100-event messages (``bench/throughput.py --scale 1 --scale-partitions 24``), 241-255
-    MiB with polls of 1,024 messages. A fixed count costs small messages dearly, each poll
-    having its own price: the no-op agent took 18,000-19,000 single-event messages/s with
-    polls of 1,024, 21,600-22,600 with 8,192 and 23,500-25,800 unbounded (alternating runs).
+    of 100-event messages (``bench/throughput.py --scale 1 --scale-partitions 24``), 241-256
+    MiB with polls of 1,024 messages (six runs). A fixed count costs small messages dearly,
+    each poll having its own price: the no-op agent took 16,900-19,200 single-event
+    messages/s with polls of 1,024, 21,600-22,600 with 8,192 and 23,500-25,800 unbounded
+    (alternating runs, ``--events 100000 --tagsets 20000 --single-events 100000 --scale 0``).
     Bounded in bytes, the 24-partition worker peaked at 243-246 MiB and the no-op agent took
     22,800-23,400 single-event messages/s: ~1,000 batch messages a poll, ~100,000 single
-    events."""
+    events. Faust's ``broker_max_poll_records``, when set, still caps the count."""
 
     poll_messages = FIRST_POLL_MESSAGES
 
     async def _fetch_records(self, consumer: Any, active_partitions: Any,
                              timeout: float | None = None, max_records: int | None = None) -> Any:
+        limit = min(self.poll_messages, max_records or self.poll_messages)
         records = await super()._fetch_records(consumer, active_partitions, timeout=timeout,
-                                               max_records=self.poll_messages)
+                                               max_records=limit)
         self.poll_messages = messages_per_poll(records, self.poll_messages)
         return records
 

@@ -150,14 +150,9 @@ def paced(messages: list[Message], seconds: float) -> Iterable[Message]:
         yield message
 
 
-def counted(worker: Worker) -> float:
-    """Events this worker counted into Redis since it started."""
-    found = re.search(r"^costline_events_total (\S+)$", metrics(worker), re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def known_tagsets(worker: Worker) -> float:
-    found = re.search(r"^costline_tagsets_known (\S+)$", metrics(worker), re.M)
+def figure(worker: Worker, name: str) -> float:
+    """A series of this worker's /metrics without labels (0 when it has none yet)."""
+    found = re.search(rf"^costline_{name} (\S+)$", metrics(worker), re.M)
     return float(found.group(1)) if found else 0.0
 
 
@@ -189,9 +184,9 @@ def test_workers_split_partitions_and_totals_stay_exact_through_rebalances(servi
     assert sorted(ends) == list(range(PARTITIONS))
     wait_caught_up(Redis.from_url(services.redis_url), group.namespace, "usage", ends,
                    timeout=60)
-    assert all(counted(w) > 0 for w in group.live())
+    assert all(figure(w, "events_total") > 0 for w in group.live())
     # and each remembers, for the partitions it owns now, tag sets it need not send again
-    assert all(known_tagsets(w) > 0 for w in group.live())
+    assert all(figure(w, "tagsets_known") > 0 for w in group.live())
     env = group.workers[0].env
     by_job = spend_json(env, "--period", "day", "--at", AT, "--by", "team,job")
     assert rows_by_group(by_job, ("team", "job"), "cost") == ledger.total(

@@ -388,7 +388,7 @@ async def test_the_worker_consumer_holds_a_bounded_share_of_what_it_fetched(
 
     async def fetched_records(partitions: Any, timeout: float, max_records: int | None) -> Any:
         asked.append(max_records)
-        return {TP0: [SimpleNamespace(value=b"x" * 32_768)] * 3}
+        return {TP0: [SimpleNamespace(value=b"x" * 100_000)] * 3}
 
     fetcher = SimpleNamespace(_closed=False, fetched_records=fetched_records,
                               _subscriptions=SimpleNamespace(fetch_context=nullcontext))
@@ -396,7 +396,10 @@ async def test_the_worker_consumer_holds_a_bounded_share_of_what_it_fetched(
     thread.consumer = SimpleNamespace(flow_active=True)  # type: ignore[assignment]
     await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=None)
     await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=None)
-    assert asked == [FIRST_POLL_MESSAGES, POLL_BYTES // 32_768]
+    await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=50)  # Faust's cap
+    # the first poll's count, then the count the first poll's messages showed holds POLL_BYTES
+    assert POLL_BYTES // 100_000 != FIRST_POLL_MESSAGES
+    assert asked == [FIRST_POLL_MESSAGES, POLL_BYTES // 100_000, 50]
 
 
 def test_a_poll_takes_about_poll_bytes_of_messages() -> None:
