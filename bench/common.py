@@ -58,9 +58,9 @@ def cpu_seconds(pid: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def evaluation_process(pid: int) -> int | None:
-    """The child process a worker evaluates its rules in (``streams.evaluation_process``),
-    if it has started one."""
+def child_process(pid: int, name: str) -> int | None:
+    """The worker's child process of that command name (``costline-rules`` evaluates the
+    rules, ``costline-folder`` folds the aggregation's takes), if it has started one."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -73,18 +73,21 @@ def evaluation_process(pid: int) -> int | None:
             continue
         for child in children:
             try:
-                with open(f"/proc/{child}/cmdline", "rb") as fh:
-                    if b"spawn_main" in fh.read():
+                with open(f"/proc/{child}/comm") as fh:
+                    if fh.read().strip() == name:
                         return child
             except OSError:
                 continue
     return None
 
 
-def evaluator_figures(pid: int) -> dict[str, float]:
-    """CPU seconds and peak RSS (KiB) of a worker's evaluation process (empty without one)."""
-    child = evaluation_process(pid)
-    if child is None:
-        return {}
-    return {"evaluator_cpu_s": cpu_seconds(child),
-            "evaluator_VmHWM": vm_status(child).get("VmHWM", 0)}
+def child_figures(pid: int) -> dict[str, float]:
+    """CPU seconds and peak RSS (KiB) of a worker's evaluation and folding processes, for
+    those it has started: ``evaluator_cpu_s``, ``evaluator_VmHWM``, ``folder_cpu_s``, ..."""
+    out: dict[str, float] = {}
+    for role, name in (("evaluator", "costline-rules"), ("folder", "costline-folder")):
+        child = child_process(pid, name)
+        if child is not None:
+            out[f"{role}_cpu_s"] = cpu_seconds(child)
+            out[f"{role}_VmHWM"] = vm_status(child).get("VmHWM", 0)
+    return out

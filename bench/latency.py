@@ -58,8 +58,8 @@ if str(REPO) not in sys.path:
 
 from bench.common import (  # noqa: E402 - needs REPO on the path
     RESOURCES,
+    child_figures,
     cpu_seconds,
-    evaluator_figures,
     free_port,
     vm_status,
 )
@@ -549,10 +549,11 @@ def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cpu_seconds(worker: Worker) -> float:
-    """User + system CPU seconds of the worker process and its evaluation process so far."""
+    """User + system CPU seconds of the worker process and its child processes so far."""
     assert worker.proc is not None
     pid = worker.proc.pid
-    return cpu_seconds(pid) + evaluator_figures(pid).get("evaluator_cpu_s", 0.0)
+    return cpu_seconds(pid) + sum(value for name, value in child_figures(pid).items()
+                                  if name.endswith("_cpu_s"))
 
 
 def _worker_figures(worker: Worker, before: Mapping[str, float], after: Mapping[str, float],
@@ -564,7 +565,7 @@ def _worker_figures(worker: Worker, before: Mapping[str, float], after: Mapping[
     spent = delta("costline_evaluation_seconds_sum")
     assert worker.proc is not None
     status = vm_status(worker.proc.pid)
-    evaluator = evaluator_figures(worker.proc.pid)
+    evaluator = child_figures(worker.proc.pid)
     return {
         "evaluations": int(evaluations),
         "evaluation_mean_s": round(spent / evaluations, 3) if evaluations else None,

@@ -86,8 +86,8 @@ if str(REPO) not in sys.path:
 from bench.common import (  # noqa: E402 - needs REPO on the path
     DEFAULT_REDIS,
     RESOURCES,
+    child_figures,
     cpu_seconds,
-    evaluator_figures,
     free_port,
     vm_status,
 )
@@ -679,7 +679,7 @@ def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
 
     extra: dict[str, Any] = {"rules": Path(a.rules)} if a.rules else {}
     settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=a.ns,
-                        web_port=a.port, partitions=a.partitions, **extra)
+                        web_port=a.port, partitions=a.partitions, folding=a.folding, **extra)
     app, aggregator = build_app(settings)
     real_handle = aggregator.handle
     usage = settings.topic("usage")
@@ -813,6 +813,7 @@ class Bench:
             cmd += ["--rules", str(rules)]
         if go is not None:
             cmd += ["--go", str(go)]
+        cmd += ["--folding", self.a.folding]
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -895,7 +896,7 @@ class Bench:
             # The parent's view: VmHWM of the worker process itself.
             result.update({f"parent_{k}": v for k, v in vm_status(child.proc.pid).items()})
             # The rules are evaluated in a child process of the worker: its own figures.
-            result.update(evaluator_figures(child.proc.pid))
+            result.update(child_figures(child.proc.pid))
             after = redis_info(self.a.redis_url)
             result["redis"] = {k: after[k] - before[k] for k in after}
             result["metrics"] = scrape_metrics(child.port)
@@ -935,6 +936,7 @@ class Bench:
             "events_by_resource": dict(data.by_resource), "top1pct_share": data.top_share,
             "expected_cost_micro": data.expected_cost_micro, "generate_s": data.generate_s,
             "single_events": data.single_events, "git": git_state(), "cases": {},
+            "folding": a.folding,
         }
         topics: dict[str, tuple[str, str, dict[int, int]]] = {}
         for case, (parts, n_events, expected) in cases.items():
@@ -1203,7 +1205,7 @@ class Bench:
             **{k: counters[k] for k in ("events_total", "messages_total", "batches_total",
                                         "watermark_mismatch_total", "evaluations_total")},
             **vm_status(child.proc.pid),
-            **evaluator_figures(child.proc.pid),
+            **child_figures(child.proc.pid),
         }
 
     def fresh_worker_state(self, ns: str) -> None:
@@ -1485,6 +1487,9 @@ def print_table(rep: dict[str, Any]) -> None:
               "data set (a prefix of every partition); --single-events 0 takes all")
     print("each consumer runs alone in a fresh process, timed from its first fetched message "
           "to its last handled one")
+    if "folding" in rep:
+        where = "a child process" if rep["folding"] == "process" else "its own process"
+        print(f"the worker (c) folds in {where} (--folding {rep['folding']})")
     git = rep.get("git", {})
     if git:
         print(f"code: commit {git.get('commit')}"
@@ -1517,10 +1522,11 @@ def print_table(rep: dict[str, Any]) -> None:
     row("worker peak RSS (VmHWM)",
         [f"{cases[n]['c'].get('parent_VmHWM', cases[n]['c'].get('VmHWM', 0)) / 1024:.0f} MiB"
          for n in names])
-    row("evaluation process: CPU s / peak RSS",
-        [f"{cases[n]['c']['evaluator_cpu_s']:.1f} / "
-         f"{cases[n]['c']['evaluator_VmHWM'] / 1024:.0f} MiB"
-         if "evaluator_cpu_s" in cases[n]["c"] else "-" for n in names])
+    for role, what in (("evaluator", "evaluation process"), ("folder", "folding process")):
+        row(f"{what}: CPU s / peak RSS",
+            [f"{cases[n]['c'][f'{role}_cpu_s']:.1f} / "
+             f"{cases[n]['c'][f'{role}_VmHWM'] / 1024:.0f} MiB"
+             if f"{role}_cpu_s" in cases[n]["c"] else "-" for n in names])
     row("worker time inside handle()",
         [f"{100 * cases[n]['c']['in_handle_s'] / cases[n]['c']['elapsed_s']:.0f}%"
          for n in names])
@@ -1691,6 +1697,8 @@ def worker_counts(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from streams.settings import Settings
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", type=int, default=1_000_000)
@@ -1721,6 +1729,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale-partitions", type=int, default=6,
                    help="partitions of the scaling pass's topic (default 6: an even split "
                         "for 1, 2 and 3 workers)")
+    p.add_argument("--folding", choices=("inline", "process"),
+                   default=Settings.model_fields["folding"].default,
+                   help="where the worker folds (COSTLINE_FOLDING; default: the worker's)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per consumer")
     p.add_argument("--keep", action="store_true", help="keep topics and Redis keys")
     p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)

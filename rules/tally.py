@@ -95,6 +95,64 @@ class Tally:
         cell = self.sums.setdefault((tsid, slot), {})
         cell[measure] = cell.get(measure, 0) + micro
 
+    def absorb(self, later: Tally) -> None:
+        """Add the tally of later events, none of them in this one (their digests are
+        disjoint): the same as folding them here after this one's. ``later`` is used up (its
+        cells and lists become this one's)."""
+        sums = self.sums
+        for key, cell in later.sums.items():
+            mine = sums.get(key)
+            if mine is None:
+                sums[key] = cell
+            else:
+                for measure, micro in cell.items():
+                    mine[measure] = mine.get(measure, 0) + micro
+        self.tagsets.update(later.tagsets)
+        for hour, digests in later.digests.items():
+            hourly = self.digests.get(hour)
+            if hourly is None:
+                self.digests[hour] = digests
+            else:
+                hourly += digests
+        self.seen |= later.seen
+        for metric, samples in later.samples.items():
+            self.samples.setdefault(metric, []).extend(samples)
+        for metric, sample in later.latest.items():
+            latest = self.latest.get(metric)
+            if latest is None or sample.ts >= latest.ts:  # as a later fold would keep it
+                self.latest[metric] = sample
+        self.faults += later.faults
+        self.events = len(self.seen)
+
+
+    def packed(self) -> list[Any]:
+        """The tally as plain lists, maps, numbers and strings (for msgpack; ``unpacked``
+        rebuilds it). ``seen`` is not sent: it is the digests again."""
+        return [
+            [x for (tsid, slot), cell in self.sums.items() for x in (tsid, slot, cell)],
+            self.tagsets, self.digests,
+            [[*key, samples] for key, samples in self.samples.items()],
+            [[*key, s.ts, s.value, s.resource_type, s.tags] for key, s in self.latest.items()],
+            self.faults,
+        ]
+
+    @classmethod
+    def unpacked(cls, data: list[Any]) -> Tally:
+        sums, tagsets, digests, samples, latest, faults = data
+        each = iter(sums)
+        tally = cls(
+            sums={(tsid, slot): cell for tsid, slot, cell in zip(each, each, each, strict=True)},
+            tagsets=tagsets, digests=digests,
+            samples={(rid, metric): [tuple(x) for x in taken] for rid, metric, taken in samples},
+            latest={(rid, metric): Sample(ts, value, rt, tags)
+                    for rid, metric, ts, value, rt, tags in latest},
+            faults=[tuple(fault) for fault in faults],
+        )
+        for hourly in digests.values():
+            tally.seen.update(hourly)
+        tally.events = len(tally.seen)
+        return tally
+
 
 class Folder:
     """Prices and folds events; caches tag-set identities across batches (bounded)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -38,6 +39,7 @@ from rules.events import Rejection, parse_message
 from rules.prices import PricingError
 from rules.tally import COST, QUANTITY, WASTE_PREFIX, Folder, Priced, Tally
 from streams.dead_letters import dead_letter
+from streams.folding import Folding, InlineFolding, Screened
 from streams.health import Health
 from streams.metrics import Metrics
 
@@ -83,13 +85,24 @@ class Window:
 @dataclass
 class PartitionState:
     applied: int  # the last offset whose sums are in Redis
-    admitted: int  # the last offset folded into a window (≥ applied)
+    admitted: int  # the last offset taken for folding (≥ folded)
+    folded: int  # the last offset folded into a window (≥ applied)
     # While set, fetched messages above this offset are stale (fetched before a seek back).
     stale_above: int | None = None
     window: Window | None = None  # filling while ``writer`` writes the one before
     writer: asyncio.Task[None] | None = None
-    # Moves on every seek back: a window filled across one is discarded.
+    # Moves on every seek back: a window filled across one is discarded, and so is a take
+    # still being folded.
     epoch: int = 0
+
+
+@dataclass
+class Take:
+    """Messages taken together, per partition, and the folder's answer for them."""
+
+    parts: list[tuple[TP, PartitionState, int, list[Message]]]  # with the epoch taken in
+    answer: asyncio.Future[list[Screened]]
+    filled: asyncio.Future[None]  # set once the answer is in the partitions' windows
 
 
 class Backoff:
@@ -107,11 +120,13 @@ class Aggregator:
     def __init__(self, *, namespace: str, sources: dict[str, str], writer: BatchWriter,
                  folder: Folder, send_dead_letter: SendDeadLetter, seek: Seek,
                  metrics: Metrics, health: Health, window_events: int = 10_000,
-                 window_linger_s: float = 0.0) -> None:
+                 window_linger_s: float = 0.0, folding: Folding | None = None) -> None:
         self.namespace = namespace
         self.sources = sources  # topic name → short source name used in Redis keys
         self.writer = writer
-        self.folder = folder
+        self.folder = folder  # folds here what needs folding again (rare)
+        # Folds what is taken: here, or in a child process (streams.folding).
+        self.folding = folding or InlineFolding(folder)
         self.send_dead_letter = send_dead_letter
         self.seek = seek
         self.metrics = metrics
@@ -119,6 +134,8 @@ class Aggregator:
         self.window_events = window_events
         self.window_linger_s = window_linger_s
         self.partitions: dict[TP, PartitionState] = {}
+        self._takes: deque[Take] = deque()  # submitted, not yet in the windows, in order
+        self._filler: asyncio.Task[None] | None = None
 
     # -- assignment -------------------------------------------------------------------
 
@@ -127,6 +144,7 @@ class Aggregator:
 
     async def on_assigned(self, tps: Sequence[TP]) -> dict[TP, int]:
         """Read the watermarks of newly owned partitions; returns where to resume each."""
+        self.folding.start()  # while Kafka fetches the first messages
         resume = {}
         for tp in tps:
             if tp[0] not in self.sources:
@@ -134,7 +152,7 @@ class Aggregator:
             applied = await self._retry_redis(lambda tp=tp: self.writer.watermark(self.slot(tp)))
             # A write still in flight from an earlier ownership may land after this read; the
             # next write then finds a newer watermark and adopts it.
-            self.partitions[tp] = PartitionState(applied, applied)
+            self.partitions[tp] = PartitionState(applied, applied, applied)
             resume[tp] = applied + 1
         await self._retry_redis(lambda: self.writer.register_slots(
             [self.slot(tp) for tp in resume]))
@@ -150,20 +168,39 @@ class Aggregator:
 
     async def handle(self, messages: Sequence[Message]) -> None:
         """Fold a take of messages into their partitions' windows and start their writes.
-        Returns once the windows are folded; waits for a write only when a window is full."""
+
+        Returns once the take is folded, or, when the folding runs in a child process, once
+        the take before it is (the child folds this one while the worker takes the next).
+        Waits for a write only when a window is full."""
         by_tp: dict[TP, list[Message]] = {}
         for message in messages:
             by_tp.setdefault((message.topic, message.partition), []).append(message)
+        parts = []
         for tp, batch in by_tp.items():
             state = self.partitions.get(tp)
             if state is None:
                 await self.on_assigned([tp])
                 state = self.partitions[tp]
-            await self._fill(state, self._admit(state, batch))
-            await self._schedule(tp, state)
+            fresh = self._admit(state, batch)
+            if fresh:
+                state.admitted = fresh[-1].offset
+                parts.append((tp, state, state.epoch, fresh))
+        if not parts:
+            return
+        self.metrics.inc("messages_total", sum(len(part[3]) for part in parts))
+        answer = self.folding.submit([[m.value or b"" for m in part[3]] for part in parts])
+        take = Take(parts, answer, asyncio.get_running_loop().create_future())
+        self._takes.append(take)
+        if not _running(self._filler):
+            self._filler = asyncio.ensure_future(self._fill_takes())
+        depth = self.folding.depth
+        if len(self._takes) > depth:
+            await self._takes[len(self._takes) - 1 - depth].filled
 
     async def flush(self) -> None:
         """Wait until everything handled so far is written (or was dropped by a seek back)."""
+        while self._takes:
+            await self._takes[-1].filled
         for tp, state in list(self.partitions.items()):
             while state.window is not None or _running(state.writer):
                 if not _running(state.writer):
@@ -188,20 +225,72 @@ class Aggregator:
             self.metrics.inc("messages_replayed_total", skipped)
         return fresh
 
-    async def _fill(self, state: PartitionState, fresh: list[Message]) -> None:
-        if not fresh:
+    async def _fill_takes(self) -> None:
+        """Put the folder's answers into the windows, take after take, in order."""
+        try:
+            while self._takes:
+                take = self._takes[0]
+                screened = await take.answer
+                for (tp, state, epoch, fresh), part in zip(take.parts, screened, strict=True):
+                    await self._fill(tp, state, epoch, fresh, part)
+                self._takes.popleft()
+                take.filled.set_result(None)
+        except BaseException as exc:
+            # The agent waiting on a take raises it (as a fold or a write failing inline did).
+            for take in self._takes:
+                if not take.filled.done():
+                    if isinstance(exc, Exception):
+                        take.filled.set_exception(exc)
+                    else:
+                        take.filled.cancel()
+            self._takes.clear()
+            raise
+
+    async def _fill(self, tp: TP, state: PartitionState, epoch: int, fresh: list[Message],
+                    screened: Screened) -> None:
+        if self._dropped(tp, state, epoch):
             return
-        self.metrics.inc("messages_total", len(fresh))
-        epoch = state.epoch
-        events, accepted = await self._screen(fresh)
-        if state.epoch != epoch:
+        if fresh[0].offset <= state.folded:
+            # Another worker counted some of them while they were folded (a rebalance): fold
+            # here the ones above what it counted.
+            fresh = [m for m in fresh if m.offset > state.folded]
+            if not fresh:
+                return
+            events, accepted = await self._screen(fresh)
+            tally = Tally()
+            self.folder.fold(tally, events)
+            screened = Screened([], tally)
+        else:
+            accepted = await self._refuse_screened(fresh, screened.refused)
+        if self._dropped(tp, state, epoch):
             return  # Redis lost writes while dead letters were sent: these are re-read
         window = state.window
         if window is None:
-            window = state.window = Window(after=state.admitted, last=state.admitted)
-        self.folder.fold(window.tally, events)
+            window = state.window = Window(after=state.folded, last=state.folded)
+        if not window.tally.events:
+            window.tally = screened.tally
+        elif window.tally.seen.isdisjoint(screened.tally.seen):
+            window.tally.absorb(screened.tally)
+        else:  # an event of the window sent again: fold these here, without it
+            events, _ = await self._screen(accepted)
+            self.folder.fold(window.tally, events)
         window.messages += accepted
-        window.last = state.admitted = fresh[-1].offset
+        window.last = state.folded = fresh[-1].offset
+        await self._schedule(tp, state)
+
+    def _dropped(self, tp: TP, state: PartitionState, epoch: int) -> bool:
+        """Revoked since it was taken, or seeked back: its messages are read again."""
+        return self.partitions.get(tp) is not state or state.epoch != epoch
+
+    async def _refuse_screened(self, fresh: list[Message],
+                               refused: list[tuple[int, str, str]]) -> list[Message]:
+        """Send the refused messages to the dead-letter topic; returns the others."""
+        if not refused:
+            return fresh
+        for index, code, reason in refused:
+            await self._refuse(fresh[index], code, reason)
+        out = {index for index, _, _ in refused}
+        return [message for index, message in enumerate(fresh) if index not in out]
 
     async def _schedule(self, tp: TP, state: PartitionState) -> None:
         if not _running(state.writer):
@@ -314,6 +403,7 @@ class Aggregator:
                      tp[0], tp[1], outcome.stored)
             state.applied = outcome.stored
             state.admitted = max(state.admitted, outcome.stored)
+            state.folded = max(state.folded, outcome.stored)
 
     async def _refold(self, state: PartitionState, window: Window) -> Window:
         """The window again from its messages: only those above the stored watermark, and
@@ -360,7 +450,7 @@ class Aggregator:
         log.warning("%s[%d]: Redis watermark %d is behind %d (Redis lost writes); "
                     "re-reading from %d", tp[0], tp[1], stored, state.applied, stored + 1)
         state.stale_above = state.admitted
-        state.applied = state.admitted = stored
+        state.applied = state.admitted = state.folded = stored
         state.window = None
         state.epoch += 1
         await self.seek(tp[0], tp[1], stored + 1)
@@ -410,5 +500,6 @@ def _running(task: asyncio.Task[None] | None) -> bool:
 
 
 def _busy(state: PartitionState) -> bool:
-    """Has folded messages not yet written, or a write in flight."""
-    return state.window is not None or _running(state.writer)
+    """Has messages being folded, folded messages not yet written, or a write in flight."""
+    return (state.admitted != state.folded or state.window is not None
+            or _running(state.writer))

@@ -43,6 +43,7 @@ from streams import collector, handoff
 from streams.aggregator import REDIS_DOWN, Aggregator
 from streams.evaluation_process import ProcessRunner
 from streams.evaluator import Evaluator, RuleSource
+from streams.folding import ProcessFolding
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
@@ -163,6 +164,7 @@ class Wiring:
             folder=Folder(self.prices), send_dead_letter=self.sender("dlq"), seek=seek,
             metrics=self.metrics, health=self.health, window_events=settings.window_events,
             window_linger_s=settings.window_linger_s,
+            folding=ProcessFolding(self.prices) if settings.folding == "process" else None,
         )
         source = self.topic(*SOURCES)
 

@@ -26,9 +26,11 @@ from rules.engine import Engine, Evaluation
 from rules.loader import RuleSet
 from rules.prices import PriceBook
 from streams import collector
+from streams.process_name import name_this_process
 
 log = logging.getLogger("costline.evaluator")
 
+PROCESS_NAME = "costline-rules"
 _WAIT_S = 1.0  # how often a waiting worker checks that the child is still alive
 
 
@@ -81,7 +83,7 @@ class ProcessRunner:
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
         level = logging.getLogger("costline").getEffectiveLevel()
-        process = context.Process(target=child_main, name="costline-evaluator", daemon=True,
+        process = context.Process(target=child_main, name=PROCESS_NAME, daemon=True,
                                   args=(self.settings, self.prices, theirs, level))
         process.start()
         theirs.close()
@@ -110,6 +112,7 @@ def child_main(settings: Any, prices: PriceBook, conn: Connection, level: int) -
     """The child: evaluate what the worker asks for until the worker closes the pipe."""
     # Ctrl-C in a terminal reaches the whole process group: the worker decides when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name_this_process(PROCESS_NAME)
     logging.basicConfig(level=level,
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     runner, engine = _runner(settings), None

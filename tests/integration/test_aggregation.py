@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -44,8 +46,19 @@ def namespace(kafka_namespace: str) -> str:
 
 
 @pytest.fixture
-def worker(services, namespace: str, tmp_path: Path) -> Iterator[Worker]:
-    env = worker_env(namespace, services.bootstrap, services.redis_url)
+def folding() -> str:
+    """Where the worker folds (COSTLINE_FOLDING); tests that must hold both parametrize it."""
+    return "inline"
+
+
+# The exactness holds whether the worker folds in its own process or in a child process.
+both_foldings = pytest.mark.parametrize("folding", ["inline", "process"])
+
+
+@pytest.fixture
+def worker(services, namespace: str, tmp_path: Path, folding: str) -> Iterator[Worker]:
+    env = worker_env(namespace, services.bootstrap, services.redis_url,
+                     COSTLINE_FOLDING=folding)
     create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=namespace, partitions=4))
     proc = Worker(env, tmp_path / "worker.log")
     proc.start()
@@ -101,6 +114,7 @@ def _stream(seed: int, n: int, batch_share: float = 0.2
     return messages, ledger, bad
 
 
+@both_foldings
 def test_spend_equals_independent_totals_and_dead_letters_are_exact(services, worker, namespace):
     messages, ledger, bad = _stream(seed=7, n=6000)
     for raw in _malformed(random.Random(1)):  # every malformed kind at least once
@@ -235,6 +249,7 @@ def test_calendar_day_follows_the_configured_time_zone(services, namespace, tmp_
         proc.stop()
 
 
+@both_foldings
 def test_totals_stay_exact_when_the_worker_is_killed_repeatedly(services, worker, namespace):
     rng = random.Random(11)
     messages, ledger, _ = _stream(seed=11, n=200_000, batch_share=0.02)
@@ -254,6 +269,40 @@ def test_totals_stay_exact_when_the_worker_is_killed_repeatedly(services, worker
     assert rows_by_group(report, ("team", "job"), "cost") == ledger.total(
         "cost", ("team", "job"), {}, DAY, DAY + 86400)
     assert kills == 5 and worker.starts == 6
+
+
+@pytest.mark.parametrize("folding", ["process"])
+def test_the_folding_process_ends_with_its_worker(services, worker, namespace):
+    produce(services.bootstrap, f"{namespace}.usage.v1",
+            _stream(seed=5, n=2000)[0])  # the child starts with the first partitions
+    deadline = time.time() + 60
+    while (child := child_named(worker.proc.pid, "costline-folder")) is None:
+        assert time.time() < deadline, f"no folding process; see {worker.log}"
+        time.sleep(0.1)
+    os.kill(worker.proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
+    worker.proc.wait(10)
+    deadline = time.time() + 20
+    while Path(f"/proc/{child}").exists() and _state(child) != "Z":
+        assert time.time() < deadline, "the folding process outlived its worker"
+        time.sleep(0.1)
+
+
+def child_named(pid: int, name: str) -> int | None:
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                if Path(f"/proc/{child}/comm").read_text().strip() == name:
+                    return int(child)
+            except OSError:
+                continue
+    return None
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"
 
 
 def _wait_progress(redis: Redis, namespace: str, ends: dict[int, int], target: float,

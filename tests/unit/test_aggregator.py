@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from dataclasses import dataclass
 
+import pytest
 from redis.exceptions import ReadOnlyError
 
 from connectors.redis_apply import Applied, Duplicates, Mismatch, Outcome
 from rules.prices import PriceBook
 from rules.tally import Folder, Tally, event_digest
 from streams.aggregator import Aggregator
+from streams.folding import ProcessFolding
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.settings import DEFAULT_PRICES
@@ -66,7 +70,23 @@ def usage(i: int, event_id: str | None = None) -> bytes:
                        "unit": "gpu_hour", "tags": {"team": "a"}}).encode()
 
 
-def make() -> tuple[Aggregator, MemoryWriter, list[tuple[str, int, int]], list[bytes]]:
+PRICES = PriceBook.load(DEFAULT_PRICES)
+CHILDREN: list[ProcessFolding] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_children():
+    yield
+    while CHILDREN:
+        CHILDREN.pop().close()
+
+
+# The semantics hold whether the worker folds in its own process or in a child process.
+both = pytest.mark.parametrize("folding", ["inline", "process"])
+
+
+def make(folding: str = "inline"
+         ) -> tuple[Aggregator, MemoryWriter, list[tuple[str, int, int]], list[bytes]]:
     writer = MemoryWriter()
     seeks: list[tuple[str, int, int]] = []
     letters: list[bytes] = []
@@ -77,9 +97,13 @@ def make() -> tuple[Aggregator, MemoryWriter, list[tuple[str, int, int]], list[b
     async def dead(key: bytes, value: bytes) -> None:
         letters.append(key)
 
+    child = None
+    if folding == "process":
+        child = ProcessFolding(PRICES)
+        CHILDREN.append(child)
     agg = Aggregator(namespace="t", sources={TOPIC: "usage"}, writer=writer,  # type: ignore[arg-type]
-                     folder=Folder(PriceBook.load(DEFAULT_PRICES)), send_dead_letter=dead,
-                     seek=seek, metrics=Metrics(), health=Health())
+                     folder=Folder(PRICES), send_dead_letter=dead,
+                     seek=seek, metrics=Metrics(), health=Health(), folding=child)
     return agg, writer, seeks, letters
 
 
@@ -92,8 +116,9 @@ async def handled(agg: Aggregator, batch: list[Msg]) -> None:
     await agg.flush()
 
 
-async def test_a_replayed_batch_changes_nothing():
-    agg, writer, _, _ = make()
+@both
+async def test_a_replayed_batch_changes_nothing(folding):
+    agg, writer, _, _ = make(folding)
     batch = [Msg(TOPIC, 0, i, usage(i)) for i in range(10)]
     await handled(agg, batch)
     await handled(agg, batch)
@@ -101,24 +126,27 @@ async def test_a_replayed_batch_changes_nothing():
     assert writer.wm["{t:usage:0}"] == 9
 
 
-async def test_a_resend_in_a_later_message_counts_once():
-    agg, writer, _, _ = make()
+@both
+async def test_a_resend_in_a_later_message_counts_once(folding):
+    agg, writer, _, _ = make(folding)
     await handled(agg, [Msg(TOPIC, 0, 0, usage(0)), Msg(TOPIC, 0, 1, usage(1))])
     await handled(agg, [Msg(TOPIC, 0, 2, usage(2)), Msg(TOPIC, 0, 3, usage(0, "e1"))])
     assert writer.cost["{t:usage:0}"] == 3 * H100
     assert writer.wm["{t:usage:0}"] == 3
 
 
-async def test_refused_messages_become_dead_letters_and_move_the_watermark():
-    agg, writer, _, letters = make()
+@both
+async def test_refused_messages_become_dead_letters_and_move_the_watermark(folding):
+    agg, writer, _, letters = make(folding)
     await handled(agg, [Msg(TOPIC, 0, 0, b"nope"), Msg(TOPIC, 0, 1, usage(1))])
     assert letters == [f"{TOPIC}:0:0".encode()]
     assert writer.wm["{t:usage:0}"] == 1
     assert writer.cost["{t:usage:0}"] == H100
 
 
-async def test_lost_redis_writes_seek_back_and_stale_messages_are_dropped():
-    agg, writer, seeks, _ = make()
+@both
+async def test_lost_redis_writes_seek_back_and_stale_messages_are_dropped(folding):
+    agg, writer, seeks, _ = make(folding)
     await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(5)])
     # Redis restarts from an older snapshot: offsets 3..4 and their sums are gone.
     writer.wm["{t:usage:0}"] = 2
@@ -133,8 +161,9 @@ async def test_lost_redis_writes_seek_back_and_stale_messages_are_dropped():
     assert writer.cost["{t:usage:0}"] == 8 * H100
 
 
-async def test_a_watermark_advanced_by_another_worker_is_adopted():
-    agg, writer, seeks, _ = make()
+@both
+async def test_a_watermark_advanced_by_another_worker_is_adopted(folding):
+    agg, writer, seeks, _ = make(folding)
     await handled(agg, [Msg(TOPIC, 0, 0, usage(0))])
     writer.wm["{t:usage:0}"] = 4  # another owner applied 1..4 meanwhile
     await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(1, 7)])
@@ -295,8 +324,9 @@ async def test_a_redis_that_refuses_writes_is_waited_for_and_reported():
     assert writer.wm["{t:usage:0}"] == 3
 
 
-async def test_an_idle_partition_whose_watermark_redis_lost_is_read_again():
-    agg, writer, seeks, _ = make()
+@both
+async def test_an_idle_partition_whose_watermark_redis_lost_is_read_again(folding):
+    agg, writer, seeks, _ = make(folding)
     await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(5)])
     await agg.verify_watermarks()
     assert seeks == []  # Redis holds what was written
@@ -309,3 +339,39 @@ async def test_an_idle_partition_whose_watermark_redis_lost_is_read_again():
     await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(3, 5)])
     assert writer.wm["{t:usage:0}"] == 4
     assert writer.cost["{t:usage:0}"] == 5 * H100
+
+
+async def test_a_take_folded_in_a_child_lets_the_worker_take_the_next_meanwhile():
+    agg, writer, _, _ = make("process")
+    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(3)])
+    assert writer.calls == 0  # handle returned while the child folds (it is still starting)
+    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(3, 6)])
+    await agg.flush()
+    assert writer.wm["{t:usage:0}"] == 5
+    assert writer.cost["{t:usage:0}"] == 6 * H100
+
+
+async def test_a_folding_child_that_dies_is_replaced_and_loses_no_take():
+    agg, writer, _, _ = make("process")
+    await handled(agg, [Msg(TOPIC, 0, 0, usage(0))])
+    child = agg.folding
+    first = child.pid  # type: ignore[attr-defined]
+    os.kill(first, signal.SIGKILL)
+    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(1, 4)])
+    await agg.handle([Msg(TOPIC, 0, i, usage(i)) for i in range(4, 6)])
+    await asyncio.wait_for(agg.flush(), timeout=30)
+    assert child.pid not in (None, first)  # type: ignore[attr-defined]
+    assert writer.wm["{t:usage:0}"] == 5
+    assert writer.cost["{t:usage:0}"] == 6 * H100
+
+
+@both
+async def test_a_resend_into_the_same_window_counts_once(folding):
+    agg, writer, _, _ = make(folding)
+    agg.window_linger_s = 0.5  # both takes land in one window
+    await agg.handle([Msg(TOPIC, 0, 0, usage(0)), Msg(TOPIC, 0, 1, usage(1))])
+    await agg.handle([Msg(TOPIC, 0, 2, usage(2)), Msg(TOPIC, 0, 3, usage(3, "e0"))])
+    await agg.flush()
+    assert writer.calls == 1
+    assert writer.cost["{t:usage:0}"] == 3 * H100
+    assert writer.wm["{t:usage:0}"] == 3

@@ -318,3 +318,27 @@ def test_a_popular_tag_set_stays_known_however_many_rare_ones_pass(folder, monke
     assert len(worked_out) == 201  # each rare one once: none is seen again
     assert len(folder._ids) <= 10 and len(folder._older) <= 10
     assert tally.events == 400
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["usage", "fault", "utilization"]),
+                          st.integers(0, 7), st.integers(0, 1), st.integers(0, 1)),
+                min_size=1, max_size=30),
+       st.integers(0, 30))
+def test_absorbing_the_tally_of_later_events_equals_folding_them_after(prices, specs, cut):
+    # Each spec: kind, event id, slot and a small number: events often share their time.
+    make = {"usage": lambda n, ts, v: usage(event_id=f"u{n}", ts=ts, quantity=v + 1),
+            "fault": lambda n, ts, v: fault(event_id=f"f{n}", ts=ts, units=v + 1),
+            "utilization": lambda n, ts, v: utilization(event_id=f"m{n}", ts=ts, value=n)}
+    events = [make[kind](n, T0 + slot * SLOT_S + v, v) for kind, n, slot, v in specs]
+    # The split is of events with no id in common, as the aggregator absorbs only then.
+    first, later = events[:cut], [e for e in events[cut:]
+                                  if e.event_id not in {f.event_id for f in events[:cut]}]
+    whole = fold(Folder(prices), first + later)
+    parts = fold(Folder(prices), first)
+    parts.absorb(fold(Folder(prices), later))
+    assert parts.sums == whole.sums
+    assert parts.tagsets == whole.tagsets
+    assert parts.digests == whole.digests and parts.seen == whole.seen
+    assert parts.samples == whole.samples and parts.latest == whole.latest
+    assert parts.faults == whole.faults and parts.events == whole.events
