@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/throughput.py [--events N] [--tagsets N] [--partitions N] [--json]
         [--single-events N] [--batch-size N] [--without-rules] [--profile py-spy|pyinstrument]
-        [--scale N,N,...] [--scale-partitions N] [--rounds N] [--save PATH]
+        [--scale N,N,...] [--scale-partitions N] [--rounds N] [--folding inline|process]
+        [--save PATH]
 
 One data set of usage events (realistic shapes, Zipf-popular tag sets, timestamps over the
 last two days) is generated once and produced with kafka-python before anything is timed:
@@ -30,8 +31,9 @@ waits on); (b') is a no-op agent on Faust as it comes, against which Faust's per
 on a machine can be compared with figures measured elsewhere.
 
 It prints events/s, CPU per event, the ratios c/a, c/b and c/b', the worker's peak RSS
-(VmHWM) and the CPU and peak RSS of its rule evaluation process (a child of the worker), Redis
-memory of the namespace per distinct tag set, and checks that Redis's total equals the
+(VmHWM) and the CPU and peak RSS of its child processes (the rules' evaluation, and the folding
+with ``--folding process``, the worker's default: its "CPU per event" is then its own process's
+alone), Redis memory of the namespace per distinct tag set, and checks that Redis's total equals the
 generator's (``PriceBook.charge``, to the micro-unit). The machine's load during each window
 is printed too: other work on the machine shows there. ``--without-rules`` adds a pass of the
 batched worker with an empty rule directory; ``--profile`` a pass under a sampling profiler,
