@@ -170,8 +170,8 @@ class Aggregator:
         """Fold a take of messages into their partitions' windows and start their writes.
 
         Returns once the take is folded, or, when the folding runs in a child process, once
-        the take before it is (the child folds this one while the worker takes the next).
-        Waits for a write only when a window is full."""
+        at most ``folding.depth`` takes wait for it (the child folds them while the worker
+        takes the next). Waits for a write only when a window is full."""
         by_tp: dict[TP, list[Message]] = {}
         for message in messages:
             by_tp.setdefault((message.topic, message.partition), []).append(message)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import signal
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -25,8 +24,7 @@ import connectors.reclaim  # noqa: F401 - the connectors' rule parameters, as th
 from rules.engine import Engine, Evaluation
 from rules.loader import RuleSet
 from rules.prices import PriceBook
-from streams import collector
-from streams.process_name import name_this_process
+from streams import child_process, collector
 
 log = logging.getLogger("costline.evaluator")
 
@@ -78,14 +76,9 @@ class ProcessRunner:
             log.error("the evaluation process ended (exit code %s); starting a new one",
                       self._process.exitcode)
             self.close()
-        # Spawned, not forked: the worker runs an event loop and threads a fork would copy
-        # mid-flight.
-        context = multiprocessing.get_context("spawn")
-        ours, theirs = context.Pipe()
-        level = logging.getLogger("costline").getEffectiveLevel()
-        process = context.Process(target=child_main, name=PROCESS_NAME, daemon=True,
-                                  args=(self.settings, self.prices, theirs, level))
-        process.start()
+        ours, theirs = multiprocessing.Pipe()
+        process = child_process.start(PROCESS_NAME, child_main, self.settings, self.prices,
+                                      theirs)
         theirs.close()
         self._process, self._conn = process, ours
         log.info("evaluation process started (pid %d)", process.pid)
@@ -108,13 +101,8 @@ class ProcessRunner:
         return value  # type: ignore[no-any-return]
 
 
-def child_main(settings: Any, prices: PriceBook, conn: Connection, level: int) -> None:
+def child_main(settings: Any, prices: PriceBook, conn: Connection) -> None:
     """The child: evaluate what the worker asks for until the worker closes the pipe."""
-    # Ctrl-C in a terminal reaches the whole process group: the worker decides when to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    name_this_process(PROCESS_NAME)
-    logging.basicConfig(level=level,
-                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     runner, engine = _runner(settings), None
     collector.settle()
     while True:

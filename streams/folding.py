@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
-import signal
 import socket
 import traceback
 from collections import deque
@@ -30,8 +28,7 @@ import msgpack
 from rules.events import Rejection, parse_message
 from rules.prices import PriceBook, PricingError
 from rules.tally import Folder, Priced, Tally
-from streams import collector
-from streams.process_name import name_this_process
+from streams import child_process, collector
 
 log = logging.getLogger("costline.folding")
 
@@ -91,10 +88,6 @@ class InlineFolding:
         answer: asyncio.Future[list[Screened]] = asyncio.get_running_loop().create_future()
         answer.set_result([screen(self.folder, values) for values in takes])
         return answer
-
-    def close(self) -> None:
-        pass
-
 
 class FoldingDied(RuntimeError):
     """The child process failed to answer and could not be started again."""
@@ -159,14 +152,8 @@ class ProcessFolding:
                 process.kill()
 
     def _spawn(self) -> None:
-        # Spawned, not forked: the worker runs an event loop and threads a fork would copy
-        # mid-flight.
-        context = multiprocessing.get_context("spawn")
         ours, theirs = socket.socketpair()
-        level = logging.getLogger("costline").getEffectiveLevel()
-        process = context.Process(target=child_main, name=PROCESS_NAME, daemon=True,
-                                  args=(self.prices, theirs, level))
-        process.start()
+        process = child_process.start(PROCESS_NAME, child_main, self.prices, theirs)
         theirs.close()
         self._process, self._writer = process, None
         self._reading = asyncio.ensure_future(self._read(process, ours))
@@ -219,13 +206,8 @@ class ProcessFolding:
 _HEADER = 8  # bytes of a frame's length
 
 
-def child_main(prices: PriceBook, sock: socket.socket, level: int) -> None:
+def child_main(prices: PriceBook, sock: socket.socket) -> None:
     """The child: fold the takes the worker sends until it closes its end."""
-    # Ctrl-C in a terminal reaches the whole process group: the worker decides when to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    name_this_process(PROCESS_NAME)
-    logging.basicConfig(level=level,
-                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     folder = Folder(prices)
     collector.settle()
     with sock:
