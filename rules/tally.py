@@ -124,7 +124,6 @@ class Tally:
         self.faults += later.faults
         self.events = len(self.seen)
 
-
     def packed(self) -> list[Any]:
         """The tally as plain lists, maps, numbers and strings (for msgpack; ``unpacked``
         rebuilds it). ``seen`` is not sent: it is the digests again."""
