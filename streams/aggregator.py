@@ -91,6 +91,7 @@ class PartitionState:
     stale_above: int | None = None
     window: Window | None = None  # filling while ``writer`` writes the one before
     writer: asyncio.Task[None] | None = None
+    writing: int = 0  # events of the window ``writer`` is writing
     # Moves on every seek back: a window filled across one is discarded, and so is a take
     # still being folded.
     epoch: int = 0
@@ -120,7 +121,8 @@ class Aggregator:
     def __init__(self, *, namespace: str, sources: dict[str, str], writer: BatchWriter,
                  folder: Folder, send_dead_letter: SendDeadLetter, seek: Seek,
                  metrics: Metrics, health: Health, window_events: int = 10_000,
-                 window_linger_s: float = 0.0, folding: Folding | None = None) -> None:
+                 window_linger_s: float = 0.0, unwritten_events: int = 50_000,
+                 folding: Folding | None = None) -> None:
         self.namespace = namespace
         self.sources = sources  # topic name → short source name used in Redis keys
         self.writer = writer
@@ -133,9 +135,12 @@ class Aggregator:
         self.health = health
         self.window_events = window_events
         self.window_linger_s = window_linger_s
+        self.unwritten_events = unwritten_events
         self.partitions: dict[TP, PartitionState] = {}
         self._takes: deque[Take] = deque()  # submitted, not yet in the windows, in order
         self._filler: asyncio.Task[None] | None = None
+        # Resolved after each window's write (successful or not): what ``_hold_back`` waits on.
+        self._wrote: asyncio.Future[None] | None = None
 
     # -- assignment -------------------------------------------------------------------
 
@@ -298,6 +303,25 @@ class Aggregator:
         elif state.window is not None and state.window.tally.events >= self.window_events:
             # Redis is behind: let it catch up before taking more (bounded memory).
             await state.writer  # type: ignore[misc]
+        await self._hold_back()
+
+    def unwritten(self) -> int:
+        """Events folded and not yet in Redis, over every owned partition."""
+        return sum(state.writing + (state.window.tally.events if state.window else 0)
+                   for state in self.partitions.values())
+
+    async def _hold_back(self) -> None:
+        """Wait for writes while the worker holds more than ``unwritten_events`` unwritten.
+
+        ``window_events`` bounds each partition, so without this a worker owning many
+        partitions of a backlog while Redis is behind would hold a full window (and the one
+        being written) for each of them. The take just folded may pass the bound; the next
+        waits, so the bound is passed by at most one take."""
+        while self.unwritten() > self.unwritten_events and any(
+                _running(state.writer) for state in self.partitions.values()):
+            if self._wrote is None or self._wrote.done():
+                self._wrote = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._wrote)
 
     def _start_writer(self, tp: TP, state: PartitionState) -> None:
         if state.writer is not None and state.writer.done() and not state.writer.cancelled():
@@ -368,7 +392,13 @@ class Aggregator:
                 if state.window is None:
                     break  # dropped by a seek back while waiting
             window, state.window = state.window, None
-            await self._write(tp, state, window)
+            state.writing = window.tally.events
+            try:
+                await self._write(tp, state, window)
+            finally:
+                state.writing = 0
+                if self._wrote is not None and not self._wrote.done():
+                    self._wrote.set_result(None)
 
     async def _write(self, tp: TP, state: PartitionState, window: Window) -> None:
         while True:

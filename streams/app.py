@@ -60,7 +60,6 @@ WATERMARK_CHECK_S = 10.0
 # aggregation counts as behind, and rule evaluations rest longer (streams.evaluator): more
 # than a few takes of messages waiting, whatever a message holds.
 BEHIND_MESSAGES = 1_000
-FETCH_BYTES_PER_PARTITION = 1024 * 1024
 Send = Callable[[bytes, bytes], Awaitable[None]]
 
 
@@ -74,7 +73,7 @@ def faust_app(settings: Settings, app_class: type[faust.App] | None = None) -> f
     app_class = app_class or handoff.App
     datadir = settings.state_dir / "faust" / settings.namespace
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
-    return app_class(
+    app = app_class(
         f"{settings.namespace}-aggregator",
         broker=faust_broker(settings.kafka_bootstrap),
         # TLS and SASL for Faust's consumer, producer and topic creation alike.
@@ -96,13 +95,15 @@ def faust_app(settings: Settings, app_class: type[faust.App] | None = None) -> f
         # Messages Faust buffers ahead of the agent. 100-event batches are ~33 KB each, so
         # its default of 4,096 could hold 130 MiB; a few takes ahead keep the agent busy.
         stream_buffer_maxsize=max(1024, settings.batch_messages * 4),
-        # Compressed bytes fetched ahead per partition: Kafka's own default, not Faust's 4 MiB,
-        # so a worker owning 24 partitions holds at most 24 MiB of them. Kafka still returns
-        # a larger message whole.
-        consumer_max_fetch_size=FETCH_BYTES_PER_PARTITION,
+        # Compressed bytes fetched ahead per partition: by default Kafka's own 1 MiB, not
+        # Faust's 4 MiB, so a worker owning 24 partitions holds at most 24 MiB of them.
+        consumer_max_fetch_size=settings.fetch_bytes,
         broker_commit_every=max(10_000, settings.batch_messages * 4),
         web_in_thread=False,
     )
+    if isinstance(app, handoff.App):  # set before its consumer (made on first use) polls
+        app.poll_bytes = settings.poll_bytes
+    return app
 
 
 class Wiring:
@@ -163,8 +164,9 @@ class Wiring:
                                settings.dedup_horizon_s),
             folder=Folder(self.prices), send_dead_letter=self.sender("dlq"), seek=seek,
             metrics=self.metrics, health=self.health, window_events=settings.window_events,
-            window_linger_s=settings.window_linger_s,
-            folding=ProcessFolding(self.prices) if settings.folding == "process" else None,
+            window_linger_s=settings.window_linger_s, unwritten_events=settings.unwritten_events,
+            folding=(ProcessFolding(self.prices, settings.folding_takes)
+                     if settings.folding == "process" else None),
         )
         source = self.topic(*SOURCES)
 
@@ -192,6 +194,7 @@ class Wiring:
         self.metrics.gauge("consumer_lag", lambda: self._lag(aggregator))
         self.metrics.gauge("tagsets_known",
                            lambda: {(): float(aggregator.writer.known_tagsets)})
+        self.metrics.gauge("unwritten_events", lambda: {(): float(aggregator.unwritten())})
         self.every(WATERMARK_CHECK_S, "watermark_check", aggregator.verify_watermarks)
 
         async def record_zone() -> None:
@@ -356,5 +359,8 @@ def _describe(metrics: Metrics) -> None:
         "consumer_lag": "input messages not yet applied to Redis",
         "tagsets_known": "tag sets the worker knows Redis holds, so does not send again "
                          "(one budget over its partitions)",
+        "unwritten_events": "events folded and not yet written to Redis, over the "
+                            "worker's partitions (at most COSTLINE_UNWRITTEN_EVENTS and one "
+                            "take)",
     }.items():
         metrics.describe(name, text)

@@ -89,6 +89,7 @@ class InlineFolding:
         answer.set_result([screen(self.folder, values) for values in takes])
         return answer
 
+
 class FoldingDied(RuntimeError):
     """The child process failed to answer and could not be started again."""
 
@@ -101,16 +102,17 @@ class ProcessFolding:
     the interpreter lock behind the busy loop, for as long as a take takes to fold.
     """
 
-    # Takes submitted and not yet answered beyond which the worker waits. A take waits for
-    # its window's write when the window is full: takes queued behind it keep the child
-    # folding meanwhile.
-    depth = 4
-    # Of those, the ones written to the child: the one it folds and the next. The others
-    # wait as the messages' own bytes, not as a second copy in the socket's buffer.
+    # Of the takes left with the child (``depth``, COSTLINE_FOLDING_TAKES), the ones written
+    # to it: the one it folds and the next. The others wait as the messages' own bytes, not
+    # as a second copy in the socket's buffer.
     SENT_AHEAD = 2
 
-    def __init__(self, prices: PriceBook) -> None:
+    def __init__(self, prices: PriceBook, depth: int = 4) -> None:
         self.prices = prices
+        # Takes submitted and not yet answered beyond which the worker waits. A take waits
+        # for its window's write when the window is full: takes queued behind it keep the
+        # child folding meanwhile.
+        self.depth = depth
         self._pending: deque[tuple[list[list[bytes]], asyncio.Future[list[Screened]]]] = deque()
         self._sent = 0  # of the pending takes, those written to the child
         self._process: Any = None

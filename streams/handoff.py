@@ -86,18 +86,20 @@ POLL_BYTES = 32 * 1024 * 1024
 FIRST_POLL_MESSAGES = 1024
 
 
-def messages_per_poll(records: Mapping[Any, Sequence[Any]], current: int) -> int:
-    """How many messages the next poll may take to hold about ``POLL_BYTES``, judged by the
+def messages_per_poll(records: Mapping[Any, Sequence[Any]], current: int,
+                      poll_bytes: int = POLL_BYTES) -> int:
+    """How many messages the next poll may take to hold about ``poll_bytes``, judged by the
     messages of the last one (``current`` again when it took none)."""
     count = sum(map(len, records.values()))
     if not count:
         return current
     size = sum(len(record.value or b"") for batch in records.values() for record in batch)
-    return max(1, POLL_BYTES * count // max(size, 1))
+    return max(1, poll_bytes * count // max(size, 1))
 
 
 class PollByBytes(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's aiokafka consumer thread, whose polls take about ``POLL_BYTES`` of messages.
+    """Faust's aiokafka consumer thread, whose polls take about the app's ``poll_bytes`` of
+    messages (``POLL_BYTES`` by default, COSTLINE_POLL_BYTES).
 
     Unbounded (Faust's default), a poll turns all that was fetched for every owned partition
     into messages at once: one worker owning 24 partitions peaked at 321-335 MiB on a backlog
@@ -117,7 +119,8 @@ class PollByBytes(faust_aiokafka.AIOKafkaConsumerThread):
         limit = min(self.poll_messages, max_records or self.poll_messages)
         records = await super()._fetch_records(consumer, active_partitions, timeout=timeout,
                                                max_records=limit)
-        self.poll_messages = messages_per_poll(records, self.poll_messages)
+        self.poll_messages = messages_per_poll(records, self.poll_messages,
+                                               getattr(self.app, "poll_bytes", POLL_BYTES))
         return records
 
 
@@ -302,6 +305,7 @@ class App(faust.App):
     direct calls (end offsets, commits, the inbound times ``InboundTimes`` records)."""
 
     _inbound_times: InboundTimes | None = None
+    poll_bytes = POLL_BYTES  # what a poll of the Kafka client takes (``PollByBytes``)
 
     def _new_transport(self) -> TransportT:
         return HandOffTransport(self.conf.broker_consumer, self)

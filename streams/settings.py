@@ -127,6 +127,22 @@ class Settings(BaseSettings):
         0.05, ge=0, description="how long a window waits for more messages before it is "
         "written (fewer, larger Redis writes under load; that much more latency)"
     )
+    unwritten_events: int = Field(
+        50_000, ge=1, description="most events a worker holds folded and not yet written to "
+        "Redis over all its partitions (bounds its memory however many partitions it owns)"
+    )
+    folding_takes: int = Field(
+        4, ge=1, le=64, description="takes of messages the worker leaves with its folding "
+        "process while it takes more (more: the child idles less, more messages held)"
+    )
+    poll_bytes: int = Field(
+        32 * 1024 * 1024, ge=64 * 1024, description="about how many bytes of messages one "
+        "poll of the Kafka client turns into messages for the agent, over all partitions"
+    )
+    fetch_bytes: int = Field(
+        1024 * 1024, ge=64 * 1024, description="most compressed bytes fetched ahead per "
+        "partition (Kafka still returns a larger message whole)"
+    )
 
     # How every Kafka client connects (docs/SECURITY.md, "Transport security").
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(

@@ -240,6 +240,25 @@ async def test_a_full_window_waits_for_the_write_before_it():
     assert writer.cost["{t:usage:0}"] == 3 * H100
 
 
+async def test_a_worker_holds_at_most_its_unwritten_events_over_all_its_partitions():
+    """Each partition stays below its window's bound, but together they pass the worker's."""
+    agg, writer = make_gated(window_events=10)
+    agg.unwritten_events = 3
+    for p in range(3):  # one event on each of three partitions: their writes wait
+        await agg.handle([Msg(TOPIC, p, 0, usage(p))])
+    await asyncio.sleep(0)
+    assert agg.unwritten() == 3
+    fourth = asyncio.ensure_future(agg.handle([Msg(TOPIC, 3, 0, usage(3))]))
+    await asyncio.sleep(0.05)
+    assert not fourth.done()  # folded into its window (the bound passed by one take), waiting
+    assert agg.unwritten() == 4
+    writer.gate.set()
+    await fourth
+    await agg.flush()
+    assert agg.unwritten() == 0
+    assert [writer.cost[f"{{t:usage:{p}}}"] for p in range(4)] == [H100] * 4
+
+
 async def test_a_watermark_moved_past_everything_folded_is_never_moved_back():
     agg, writer = make_gated()
     await agg.handle([Msg(TOPIC, 0, 0, usage(0))])

@@ -20,7 +20,8 @@ from faust.types import TP
 from mode import Service
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-from streams.app import FETCH_BYTES_PER_PARTITION, Wiring, faust_app
+from streams.app import Wiring, faust_app
+from streams.folding import ProcessFolding
 from streams.handoff import (
     FIRST_POLL_MESSAGES,
     POLL_BYTES,
@@ -217,6 +218,17 @@ def test_the_worker_app_uses_the_hand_off_consumer_and_a_raw_schema(tmp_path: An
     assert stock.transport.Consumer is not HandOffConsumer
 
 
+async def test_the_aggregation_takes_its_bounds_from_the_settings(tmp_path: Any) -> None:
+    settings = Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1", folding_takes=2,
+                        unwritten_events=5_000, window_events=500)
+    aggregator = Wiring(settings).aggregation()
+    assert isinstance(aggregator.folding, ProcessFolding)
+    assert aggregator.folding.depth == 2  # the child is started on the first assignment
+    assert (aggregator.unwritten_events, aggregator.window_events) == (5_000, 500)
+    inline = Wiring(settings.model_copy(update={"folding": "inline"})).aggregation()
+    assert inline.folding.depth == 0
+
+
 async def test_the_worker_app_sizes_its_producer_buffer_and_runs_without_the_monitor(
         tmp_path: Any) -> None:
     """The buffer's size (asked before every delivery) counts the messages waiting to be
@@ -371,24 +383,15 @@ def test_the_drain_loop_does_what_fausts_does_with_every_message() -> None:
     assert ours.commits == [3, 6, 9, 12, 15, 18]
 
 
-async def test_the_worker_consumer_holds_a_bounded_share_of_what_it_fetched(
-        tmp_path: Any) -> None:
-    """Unbounded, one poll turns everything fetched for every owned partition into messages
-    at once, so a worker's memory would grow with the partitions it owns."""
-    app = faust_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"))
-    thread = app.consumer._thread
-    assert isinstance(thread, PollByBytes)
-    client = thread._create_worker_consumer(app.transport)
-    try:
-        assert client._max_partition_fetch_bytes == FETCH_BYTES_PER_PARTITION == 1024 * 1024
-    finally:
-        await client.stop()
-
+async def polls_asked(thread: PollByBytes, sizes: list[int], cap: int | None = None
+                     ) -> list[int | None]:
+    """The message counts the thread asks of the client in one poll after another, each
+    returning messages of ``sizes`` bytes; Faust's ``cap`` on the last."""
     asked: list[int | None] = []
 
     async def fetched_records(partitions: Any, timeout: float, max_records: int | None) -> Any:
         asked.append(max_records)
-        return {TP0: [SimpleNamespace(value=b"x" * 100_000)] * 3}
+        return {TP0: [SimpleNamespace(value=b"x" * size) for size in sizes]}
 
     fetcher = SimpleNamespace(_closed=False, fetched_records=fetched_records,
                               _subscriptions=SimpleNamespace(fetch_context=nullcontext))
@@ -396,10 +399,39 @@ async def test_the_worker_consumer_holds_a_bounded_share_of_what_it_fetched(
     thread.consumer = SimpleNamespace(flow_active=True)  # type: ignore[assignment]
     await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=None)
     await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=None)
-    await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=50)  # Faust's cap
+    if cap is not None:
+        await thread._fetch_records(consumer, {TP0}, timeout=0.0, max_records=cap)
+    return asked
+
+
+async def fetch_bytes(app: Any) -> int:
+    """What the worker's Kafka client fetches ahead per partition."""
+    client = app.consumer._thread._create_worker_consumer(app.transport)
+    try:
+        return int(client._max_partition_fetch_bytes)
+    finally:
+        await client.stop()
+
+
+async def test_the_worker_consumer_holds_a_bounded_share_of_what_it_fetched(
+        tmp_path: Any) -> None:
+    """Unbounded, one poll turns everything fetched for every owned partition into messages
+    at once, so a worker's memory would grow with the partitions it owns."""
+    app = faust_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"))
+    thread = app.consumer._thread
+    assert isinstance(thread, PollByBytes)
+    assert await fetch_bytes(app) == 1024 * 1024
+    asked = await polls_asked(thread, [100_000] * 3, cap=50)  # Faust's cap on the third
     # the first poll's count, then the count the first poll's messages showed holds POLL_BYTES
     assert POLL_BYTES // 100_000 != FIRST_POLL_MESSAGES
     assert asked == [FIRST_POLL_MESSAGES, POLL_BYTES // 100_000, 50]
+
+
+async def test_an_operator_sizes_the_polls_and_the_fetches(tmp_path: Any) -> None:
+    app = faust_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1",
+                             poll_bytes=1_000_000, fetch_bytes=256 * 1024))
+    assert await fetch_bytes(app) == 256 * 1024
+    assert await polls_asked(app.consumer._thread, [1_000] * 3) == [FIRST_POLL_MESSAGES, 1_000]
 
 
 def test_a_poll_takes_about_poll_bytes_of_messages() -> None:
@@ -411,3 +443,4 @@ def test_a_poll_takes_about_poll_bytes_of_messages() -> None:
     assert messages_per_poll(records(), 7) == 7  # nothing taken: nothing learnt
     assert messages_per_poll({"tp": [SimpleNamespace(value=None)]}, 7) == POLL_BYTES
     assert messages_per_poll(records(64 * 1024 * 1024), 7) == 1  # still one message
+    assert messages_per_poll(records(330, 330), 7, poll_bytes=3_300) == 10
