@@ -238,6 +238,7 @@ class Aggregator:
                 screened = await take.answer
                 for (tp, state, epoch, fresh), part in zip(take.parts, screened, strict=True):
                     await self._fill(tp, state, epoch, fresh, part)
+                await self._hold_back()
                 self._takes.popleft()
                 take.filled.set_result(None)
         except BaseException as exc:
@@ -303,7 +304,6 @@ class Aggregator:
         elif state.window is not None and state.window.tally.events >= self.window_events:
             # Redis is behind: let it catch up before taking more (bounded memory).
             await state.writer  # type: ignore[misc]
-        await self._hold_back()
 
     def unwritten(self) -> int:
         """Events folded and not yet in Redis, over every owned partition."""
@@ -315,8 +315,8 @@ class Aggregator:
 
         ``window_events`` bounds each partition, so without this a worker owning many
         partitions of a backlog while Redis is behind would hold a full window (and the one
-        being written) for each of them. The take just folded may pass the bound; the next
-        waits, so the bound is passed by at most one take."""
+        being written) for each of them. Called once a take is in the windows: that take may
+        pass the bound, the next is not filled until the writes bring it back under."""
         while self.unwritten() > self.unwritten_events and any(
                 _running(state.writer) for state in self.partitions.values()):
             if self._wrote is None or self._wrote.done():
