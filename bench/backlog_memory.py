@@ -15,7 +15,7 @@ messages, each copy on a topic of ``--partitions`` partitions):
 Each worker starts on its backlog; once it has taken messages, Redis is made to hold every
 write (``CLIENT PAUSE … WRITE``) for ``--pause-s`` seconds, then lets them through. It prints
 the most events the worker held unwritten (its ``costline_unwritten_events`` gauge, read every
-0.2 s), the peak RSS of the worker and of its folding process, how long the backlog took
+0.2 s), the peak RSS of the worker and of its folding processes (summed), how long the backlog took
 from start to the last watermark, and checks that Redis's total equals the generator's.
 Uses the namespaces ``backlog<hex>b`` and ``backlog<hex>u`` and deletes them at the end.
 """

@@ -58,13 +58,14 @@ def cpu_seconds(pid: int | str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def child_process(pid: int, name: str) -> int | None:
-    """The worker's child process of that command name (``costline-rules`` evaluates the
-    rules, ``costline-folder`` folds the aggregation's takes), if it has started one."""
+def child_processes(pid: int, name: str) -> list[int]:
+    """The worker's child processes of that command name (``costline-rules`` evaluates the
+    rules, ``costline-folder`` folds the aggregation's takes; there may be several)."""
+    found = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return None
+        return found
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/children") as fh:
@@ -75,19 +76,21 @@ def child_process(pid: int, name: str) -> int | None:
             try:
                 with open(f"/proc/{child}/comm") as fh:
                     if fh.read().strip() == name:
-                        return child
+                        found.append(child)
             except OSError:
                 continue
-    return None
+    return found
 
 
 def child_figures(pid: int) -> dict[str, float]:
     """CPU seconds and peak RSS (KiB) of a worker's evaluation and folding processes, for
-    those it has started: ``evaluator_cpu_s``, ``evaluator_VmHWM``, ``folder_cpu_s``, ..."""
+    those it has started, summed over the processes of each role: ``evaluator_cpu_s``,
+    ``evaluator_VmHWM``, ``folder_cpu_s``, ``folder_VmHWM``, ``folder_processes``, ..."""
     out: dict[str, float] = {}
     for role, name in (("evaluator", "costline-rules"), ("folder", "costline-folder")):
-        child = child_process(pid, name)
-        if child is not None:
-            out[f"{role}_cpu_s"] = cpu_seconds(child)
-            out[f"{role}_VmHWM"] = vm_status(child).get("VmHWM", 0)
+        children = child_processes(pid, name)
+        if children:
+            out[f"{role}_cpu_s"] = sum(cpu_seconds(child) for child in children)
+            out[f"{role}_VmHWM"] = sum(vm_status(child).get("VmHWM", 0) for child in children)
+            out[f"{role}_processes"] = len(children)
     return out

@@ -3,6 +3,7 @@
     .venv/bin/python bench/throughput.py [--events N] [--tagsets N] [--partitions N] [--json]
         [--single-events N] [--batch-size N] [--without-rules] [--profile py-spy|pyinstrument]
         [--scale N,N,...] [--scale-partitions N] [--rounds N] [--folding inline|process]
+        [--folding-processes N]
         [--save PATH]
 
 One data set of usage events (realistic shapes, Zipf-popular tag sets, timestamps over the
@@ -681,7 +682,8 @@ def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
 
     extra: dict[str, Any] = {"rules": Path(a.rules)} if a.rules else {}
     settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=a.ns,
-                        web_port=a.port, partitions=a.partitions, folding=a.folding, **extra)
+                        web_port=a.port, partitions=a.partitions, folding=a.folding,
+                        folding_processes=a.folding_processes, **extra)
     app, aggregator = build_app(settings)
     real_handle = aggregator.handle
     usage = settings.topic("usage")
@@ -815,7 +817,7 @@ class Bench:
             cmd += ["--rules", str(rules)]
         if go is not None:
             cmd += ["--go", str(go)]
-        cmd += ["--folding", self.a.folding]
+        cmd += ["--folding", self.a.folding, "--folding-processes", str(self.a.folding_processes)]
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -938,7 +940,7 @@ class Bench:
             "events_by_resource": dict(data.by_resource), "top1pct_share": data.top_share,
             "expected_cost_micro": data.expected_cost_micro, "generate_s": data.generate_s,
             "single_events": data.single_events, "git": git_state(), "cases": {},
-            "folding": a.folding,
+            "folding": a.folding, "folding_processes": a.folding_processes,
         }
         topics: dict[str, tuple[str, str, dict[int, int]]] = {}
         for case, (parts, n_events, expected) in cases.items():
@@ -1490,8 +1492,11 @@ def print_table(rep: dict[str, Any]) -> None:
     print("each consumer runs alone in a fresh process, timed from its first fetched message "
           "to its last handled one")
     if "folding" in rep:
-        where = "a child process" if rep["folding"] == "process" else "its own process"
-        print(f"the worker (c) folds in {where} (--folding {rep['folding']})")
+        processes = rep.get("folding_processes", 1)
+        where = ("its own process" if rep["folding"] == "inline" else "a child process"
+                 if processes == 1 else f"{processes} child processes")
+        print(f"the worker (c) folds in {where} (--folding {rep['folding']}"
+              + (f" --folding-processes {processes})" if processes > 1 else ")"))
     git = rep.get("git", {})
     if git:
         print(f"code: commit {git.get('commit')}"
@@ -1528,6 +1533,8 @@ def print_table(rep: dict[str, Any]) -> None:
         row(f"{what}: CPU s / peak RSS",
             [f"{cases[n]['c'][f'{role}_cpu_s']:.1f} / "
              f"{cases[n]['c'][f'{role}_VmHWM'] / 1024:.0f} MiB"
+             + (f" ({count:.0f})" if (count := cases[n]["c"].get(f"{role}_processes", 1)) > 1
+                else "")
              if f"{role}_cpu_s" in cases[n]["c"] else "-" for n in names])
     row("worker time inside handle()",
         [f"{100 * cases[n]['c']['in_handle_s'] / cases[n]['c']['elapsed_s']:.0f}%"
@@ -1734,6 +1741,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--folding", choices=("inline", "process"),
                    default=Settings.model_fields["folding"].default,
                    help="where the worker folds (COSTLINE_FOLDING; default: the worker's)")
+    p.add_argument("--folding-processes", type=int,
+                   default=Settings.model_fields["folding_processes"].default,
+                   help="the worker's folding processes (COSTLINE_FOLDING_PROCESSES)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per consumer")
     p.add_argument("--keep", action="store_true", help="keep topics and Redis keys")
     p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)

@@ -139,7 +139,8 @@ class Aggregator:
         self.partitions: dict[TP, PartitionState] = {}
         self._takes: deque[Take] = deque()  # submitted, not yet in the windows, in order
         self._filler: asyncio.Task[None] | None = None
-        # Resolved after each window's write (successful or not): what ``_hold_back`` waits on.
+        # Resolved after each window's write (successful or not) and when a writer ends: what
+        # ``_hold_back`` waits on.
         self._wrote: asyncio.Future[None] | None = None
 
     # -- assignment -------------------------------------------------------------------
@@ -328,6 +329,12 @@ class Aggregator:
             state.writer.result()  # a writer that crashed stops the agent, as it would inline
         if state.window is not None:
             state.writer = asyncio.ensure_future(self._drain(tp, state))
+            # also a writer that ends without writing (its window dropped while it lingered)
+            state.writer.add_done_callback(lambda _: self._signal_written())
+
+    def _signal_written(self) -> None:
+        if self._wrote is not None and not self._wrote.done():
+            self._wrote.set_result(None)
 
     async def _screen(self, messages: list[Message]) -> tuple[list[Priced], list[Message]]:
         """Parse and price; refused messages go to the dead-letter topic before anything
@@ -397,8 +404,7 @@ class Aggregator:
                 await self._write(tp, state, window)
             finally:
                 state.writing = 0
-                if self._wrote is not None and not self._wrote.done():
-                    self._wrote.set_result(None)
+                self._signal_written()
 
     async def _write(self, tp: TP, state: PartitionState, window: Window) -> None:
         while True:

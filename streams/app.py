@@ -43,7 +43,7 @@ from streams import collector, handoff
 from streams.aggregator import REDIS_DOWN, Aggregator
 from streams.evaluation_process import ProcessRunner
 from streams.evaluator import Evaluator, RuleSource
-from streams.folding import ProcessFolding
+from streams.folding import Folding, FoldingPool, ProcessFolding
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
@@ -149,6 +149,15 @@ class Wiring:
 
     # -- concerns ---------------------------------------------------------------------
 
+    def folding(self) -> Folding | None:
+        """Where the aggregation folds (None: in the worker's process)."""
+        settings = self.settings
+        if settings.folding == "inline":
+            return None
+        members = [ProcessFolding(self.prices, settings.folding_takes)
+                   for _ in range(settings.folding_processes)]
+        return members[0] if len(members) == 1 else FoldingPool(members)
+
     def aggregation(self) -> Aggregator:
         settings, app = self.settings, self.app
         sources = {settings.topic(name): short for name, short in SOURCES.items()}
@@ -165,8 +174,7 @@ class Wiring:
             folder=Folder(self.prices), send_dead_letter=self.sender("dlq"), seek=seek,
             metrics=self.metrics, health=self.health, window_events=settings.window_events,
             window_linger_s=settings.window_linger_s, unwritten_events=settings.unwritten_events,
-            folding=(ProcessFolding(self.prices, settings.folding_takes)
-                     if settings.folding == "process" else None),
+            folding=self.folding(),
         )
         source = self.topic(*SOURCES)
 

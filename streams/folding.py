@@ -123,6 +123,11 @@ class ProcessFolding:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def in_hand(self) -> int:
+        """Takes submitted and not yet answered."""
+        return len(self._pending)
+
     def start(self) -> None:
         if self._process is None:
             self._spawn()
@@ -203,6 +208,40 @@ class ProcessFolding:
                 if not answer.done():
                     answer.set_exception(FoldingDied(f"the folding process could not be "
                                                      f"started again: {exc}"))
+
+
+class FoldingPool:
+    """Several folding processes, for a worker whose folding process is its busiest (a core of
+    its own) on a host with cores to spare. A take goes to the first process that has fewer
+    than ``SPILL_AT`` takes in hand, else to the one with the fewest: while the first keeps
+    up the others stay idle, so small takes (single-event messages, where the worker's own
+    process is the busiest) are not spread over processes that would contend for the CPUs.
+    The aggregator waits for the answers in the order it submitted the takes; each process
+    keeps its own cache of tag sets."""
+
+    SPILL_AT = 2  # a take being folded and the next one sent (``ProcessFolding.SENT_AHEAD``)
+
+    def __init__(self, members: Sequence[ProcessFolding]) -> None:
+        self.members = list(members)
+        self.depth = sum(member.depth for member in self.members)
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [member.pid for member in self.members]
+
+    def start(self) -> None:
+        for member in self.members:
+            member.start()
+
+    def submit(self, takes: list[list[bytes]]) -> asyncio.Future[list[Screened]]:
+        member = next((m for m in self.members if m.in_hand < self.SPILL_AT), None)
+        if member is None:
+            member = min(self.members, key=lambda m: m.in_hand)
+        return member.submit(takes)
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
 
 
 _HEADER = 8  # bytes of a frame's length

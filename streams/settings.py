@@ -131,6 +131,11 @@ class Settings(BaseSettings):
         50_000, ge=1, description="most events a worker holds folded and not yet written to "
         "Redis over all its partitions (bounds its memory however many partitions it owns)"
     )
+    folding_processes: int = Field(
+        2, ge=1, le=16, description="folding processes of a worker (COSTLINE_FOLDING=process): "
+        "a take goes to the next one only while those before it are behind, so the second "
+        "folds when the first cannot keep up (each holds ~50-100 MiB)"
+    )
     folding_takes: int = Field(
         4, ge=1, le=64, description="takes of messages the worker leaves with its folding "
         "process while it takes more (more: the child idles less, more messages held)"

@@ -51,14 +51,19 @@ def folding() -> str:
     return "inline"
 
 
-# The exactness holds whether the worker folds in its own process or in a child process.
-both_foldings = pytest.mark.parametrize("folding", ["inline", "process"])
+# The exactness holds whether the worker folds in its own process, in a child process, or in
+# two (the second takes what the first cannot keep up with).
+FOLDINGS = {
+    "inline": {"COSTLINE_FOLDING": "inline"},
+    "process": {"COSTLINE_FOLDING": "process", "COSTLINE_FOLDING_PROCESSES": "1"},
+    "pool": {"COSTLINE_FOLDING": "process", "COSTLINE_FOLDING_PROCESSES": "2"},
+}
+every_folding = pytest.mark.parametrize("folding", list(FOLDINGS))
 
 
 @pytest.fixture
 def worker(services, namespace: str, tmp_path: Path, folding: str) -> Iterator[Worker]:
-    env = worker_env(namespace, services.bootstrap, services.redis_url,
-                     COSTLINE_FOLDING=folding)
+    env = worker_env(namespace, services.bootstrap, services.redis_url, **FOLDINGS[folding])
     create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=namespace, partitions=4))
     proc = Worker(env, tmp_path / "worker.log")
     proc.start()
@@ -114,7 +119,7 @@ def _stream(seed: int, n: int, batch_share: float = 0.2
     return messages, ledger, bad
 
 
-@both_foldings
+@every_folding
 def test_spend_equals_independent_totals_and_dead_letters_are_exact(services, worker, namespace):
     messages, ledger, bad = _stream(seed=7, n=6000)
     for raw in _malformed(random.Random(1)):  # every malformed kind at least once
@@ -249,7 +254,7 @@ def test_calendar_day_follows_the_configured_time_zone(services, namespace, tmp_
         proc.stop()
 
 
-@both_foldings
+@pytest.mark.parametrize("folding", ["inline", "process"])
 def test_totals_stay_exact_when_the_worker_is_killed_repeatedly(services, worker, namespace):
     rng = random.Random(11)
     messages, ledger, _ = _stream(seed=11, n=200_000, batch_share=0.02)
@@ -271,31 +276,32 @@ def test_totals_stay_exact_when_the_worker_is_killed_repeatedly(services, worker
     assert kills == 5 and worker.starts == 6
 
 
-@pytest.mark.parametrize("folding", ["process"])
-def test_the_folding_process_ends_with_its_worker(services, worker, namespace):
+@pytest.mark.parametrize("folding", ["pool"])
+def test_the_folding_processes_end_with_their_worker(services, worker, namespace):
     produce(services.bootstrap, f"{namespace}.usage.v1",
-            _stream(seed=5, n=2000)[0])  # the child starts with the first partitions
+            _stream(seed=5, n=2000)[0])  # the children start with the first partitions
     deadline = time.time() + 60
-    while (child := child_named(worker.proc.pid, "costline-folder")) is None:
-        assert time.time() < deadline, f"no folding process; see {worker.log}"
+    while len(children := children_named(worker.proc.pid, "costline-folder")) < 2:
+        assert time.time() < deadline, f"not two folding processes; see {worker.log}"
         time.sleep(0.1)
     os.kill(worker.proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
     worker.proc.wait(10)
     deadline = time.time() + 20
-    while Path(f"/proc/{child}").exists() and _state(child) != "Z":
-        assert time.time() < deadline, "the folding process outlived its worker"
+    while alive := [c for c in children if Path(f"/proc/{c}").exists() and _state(c) != "Z"]:
+        assert time.time() < deadline, f"folding processes {alive} outlived their worker"
         time.sleep(0.1)
 
 
-def child_named(pid: int, name: str) -> int | None:
+def children_named(pid: int, name: str) -> list[int]:
+    found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         for child in (task / "children").read_text().split():
             try:
                 if Path(f"/proc/{child}/comm").read_text().strip() == name:
-                    return int(child)
+                    found.append(int(child))
             except OSError:
                 continue
-    return None
+    return found
 
 
 def _state(pid: int) -> str:

@@ -15,7 +15,7 @@ from connectors.redis_apply import Applied, Duplicates, Mismatch, Outcome
 from rules.prices import PriceBook
 from rules.tally import Folder, Tally, event_digest
 from streams.aggregator import Aggregator
-from streams.folding import ProcessFolding
+from streams.folding import FoldingPool, ProcessFolding
 from streams.health import Health
 from streams.metrics import Metrics
 from streams.settings import DEFAULT_PRICES
@@ -71,7 +71,7 @@ def usage(i: int, event_id: str | None = None) -> bytes:
 
 
 PRICES = PriceBook.load(DEFAULT_PRICES)
-CHILDREN: list[ProcessFolding] = []
+CHILDREN: list[ProcessFolding | FoldingPool] = []
 
 
 @pytest.fixture(autouse=True)
@@ -81,8 +81,9 @@ def _stop_children():
         CHILDREN.pop().close()
 
 
-# The semantics hold whether the worker folds in its own process or in a child process.
-both = pytest.mark.parametrize("folding", ["inline", "process"])
+# The semantics hold whether the worker folds in its own process, in a child process or in
+# several in turn.
+every_folding = pytest.mark.parametrize("folding", ["inline", "process", "pool"])
 
 
 def make(folding: str = "inline"
@@ -97,9 +98,12 @@ def make(folding: str = "inline"
     async def dead(key: bytes, value: bytes) -> None:
         letters.append(key)
 
-    child = None
+    child: ProcessFolding | FoldingPool | None = None
     if folding == "process":
         child = ProcessFolding(PRICES)
+    elif folding == "pool":
+        child = FoldingPool([ProcessFolding(PRICES), ProcessFolding(PRICES)])
+    if child is not None:
         CHILDREN.append(child)
     agg = Aggregator(namespace="t", sources={TOPIC: "usage"}, writer=writer,  # type: ignore[arg-type]
                      folder=Folder(PRICES), send_dead_letter=dead,
@@ -116,7 +120,7 @@ async def handled(agg: Aggregator, batch: list[Msg]) -> None:
     await agg.flush()
 
 
-@both
+@every_folding
 async def test_a_replayed_batch_changes_nothing(folding):
     agg, writer, _, _ = make(folding)
     batch = [Msg(TOPIC, 0, i, usage(i)) for i in range(10)]
@@ -126,7 +130,7 @@ async def test_a_replayed_batch_changes_nothing(folding):
     assert writer.wm["{t:usage:0}"] == 9
 
 
-@both
+@every_folding
 async def test_a_resend_in_a_later_message_counts_once(folding):
     agg, writer, _, _ = make(folding)
     await handled(agg, [Msg(TOPIC, 0, 0, usage(0)), Msg(TOPIC, 0, 1, usage(1))])
@@ -135,7 +139,7 @@ async def test_a_resend_in_a_later_message_counts_once(folding):
     assert writer.wm["{t:usage:0}"] == 3
 
 
-@both
+@every_folding
 async def test_refused_messages_become_dead_letters_and_move_the_watermark(folding):
     agg, writer, _, letters = make(folding)
     await handled(agg, [Msg(TOPIC, 0, 0, b"nope"), Msg(TOPIC, 0, 1, usage(1))])
@@ -144,7 +148,7 @@ async def test_refused_messages_become_dead_letters_and_move_the_watermark(foldi
     assert writer.cost["{t:usage:0}"] == H100
 
 
-@both
+@every_folding
 async def test_lost_redis_writes_seek_back_and_stale_messages_are_dropped(folding):
     agg, writer, seeks, _ = make(folding)
     await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(5)])
@@ -161,7 +165,7 @@ async def test_lost_redis_writes_seek_back_and_stale_messages_are_dropped(foldin
     assert writer.cost["{t:usage:0}"] == 8 * H100
 
 
-@both
+@every_folding
 async def test_a_watermark_advanced_by_another_worker_is_adopted(folding):
     agg, writer, seeks, _ = make(folding)
     await handled(agg, [Msg(TOPIC, 0, 0, usage(0))])
@@ -343,7 +347,7 @@ async def test_a_redis_that_refuses_writes_is_waited_for_and_reported():
     assert writer.wm["{t:usage:0}"] == 3
 
 
-@both
+@every_folding
 async def test_an_idle_partition_whose_watermark_redis_lost_is_read_again(folding):
     agg, writer, seeks, _ = make(folding)
     await handled(agg, [Msg(TOPIC, 0, i, usage(i)) for i in range(5)])
@@ -384,7 +388,7 @@ async def test_a_folding_child_that_dies_is_replaced_and_loses_no_take():
     assert writer.cost["{t:usage:0}"] == 6 * H100
 
 
-@both
+@every_folding
 async def test_a_resend_into_the_same_window_counts_once(folding):
     agg, writer, _, _ = make(folding)
     agg.window_linger_s = 0.5  # both takes land in one window

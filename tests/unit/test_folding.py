@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from rules.prices import PriceBook
 from rules.tally import Folder, Tally
-from streams.folding import Screened, _pack_answer, _unpack_answer, screen
+from streams.folding import (
+    FoldingPool,
+    ProcessFolding,
+    Screened,
+    _pack_answer,
+    _unpack_answer,
+    screen,
+)
 from streams.settings import DEFAULT_PRICES
 
 T0 = 1_796_025_600
@@ -54,3 +62,40 @@ def test_a_sum_beyond_64_bits_crosses_exactly():
     tally.add("t2", T0, "c", -5)
     [back] = _unpack_answer(_pack_answer([Screened([], tally)]))
     assert back.tally.sums == {("t1", T0): {"c": 2**70 + 1}, ("t2", T0): {"c": -5}}
+
+
+def usage_takes(count: int) -> list[list[bytes]]:
+    return [[message(event_id=f"e{i}", kind="usage", ts=T0 + i * 300, resource_id="n1",
+                     resource_type="gpu.h100", quantity=i + 1, unit="gpu_hour",
+                     tags={"team": f"t{i % 3}"})] for i in range(count)]
+
+
+async def test_a_pool_of_folding_processes_answers_every_take_in_its_place():
+    """Takes the first process cannot keep up with spill over to the second; each answer is
+    the one its own take gets inline."""
+    prices = PriceBook.load(DEFAULT_PRICES)
+    pool = FoldingPool([ProcessFolding(prices, depth=2), ProcessFolding(prices, depth=2)])
+    try:
+        assert pool.depth == 4
+        takes = usage_takes(6)
+        answers = [pool.submit([values]) for values in takes]  # none answered yet
+        assert [member.in_hand for member in pool.members] == [3, 3]
+        pids = pool.pids
+        assert len(set(pids)) == 2 and None not in pids  # both started, distinct
+        got = await asyncio.wait_for(asyncio.gather(*answers), timeout=60)
+        inline = Folder(prices)
+        for values, [screened] in zip(takes, got, strict=True):
+            assert same(screened.tally, screen(inline, values).tally)
+    finally:
+        pool.close()
+
+
+async def test_a_pool_whose_first_process_keeps_up_leaves_the_others_idle():
+    prices = PriceBook.load(DEFAULT_PRICES)
+    pool = FoldingPool([ProcessFolding(prices), ProcessFolding(prices)])
+    try:
+        for values in usage_takes(4):  # each answered before the next is taken
+            await asyncio.wait_for(pool.submit([values]), timeout=60)
+        assert pool.pids[0] is not None and pool.pids[1] is None  # never needed
+    finally:
+        pool.close()

@@ -21,7 +21,7 @@ from mode import Service
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
 from streams.app import Wiring, faust_app
-from streams.folding import ProcessFolding
+from streams.folding import FoldingPool, ProcessFolding
 from streams.handoff import (
     FIRST_POLL_MESSAGES,
     POLL_BYTES,
@@ -220,13 +220,16 @@ def test_the_worker_app_uses_the_hand_off_consumer_and_a_raw_schema(tmp_path: An
 
 async def test_the_aggregation_takes_its_bounds_from_the_settings(tmp_path: Any) -> None:
     settings = Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1", folding_takes=2,
-                        unwritten_events=5_000, window_events=500)
+                        folding_processes=1, unwritten_events=5_000, window_events=500)
     aggregator = Wiring(settings).aggregation()
     assert isinstance(aggregator.folding, ProcessFolding)
     assert aggregator.folding.depth == 2  # the child is started on the first assignment
     assert (aggregator.unwritten_events, aggregator.window_events) == (5_000, 500)
     inline = Wiring(settings.model_copy(update={"folding": "inline"})).aggregation()
     assert inline.folding.depth == 0
+    pool = Wiring(settings.model_copy(update={"folding_processes": 3})).aggregation().folding
+    assert isinstance(pool, FoldingPool)
+    assert [member.depth for member in pool.members] == [2, 2, 2] and pool.depth == 6
 
 
 async def test_the_worker_app_sizes_its_producer_buffer_and_runs_without_the_monitor(
