@@ -156,7 +156,7 @@ class Wiring:
             return None
         members = [ProcessFolding(self.prices, settings.folding_takes)
                    for _ in range(settings.folding_processes)]
-        return members[0] if len(members) == 1 else FoldingPool(members)
+        return members[0] if len(members) == 1 else FoldingPool(members, settings.folding_takes)
 
     def aggregation(self) -> Aggregator:
         settings, app = self.settings, self.app

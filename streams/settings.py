@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     )
     folding_takes: int = Field(
         4, ge=1, le=64, description="takes of messages the worker leaves with its folding "
-        "process while it takes more (more: the child idles less, more messages held)"
+        "processes (in all) while it takes more (more: they idle less, more messages held)"
     )
     poll_bytes: int = Field(
         32 * 1024 * 1024, ge=64 * 1024, description="about how many bytes of messages one "

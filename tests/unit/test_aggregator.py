@@ -82,7 +82,7 @@ def _stop_children():
 
 
 # The semantics hold whether the worker folds in its own process, in a child process or in
-# several in turn.
+# two (the second taking what the first has no room for).
 every_folding = pytest.mark.parametrize("folding", ["inline", "process", "pool"])
 
 

@@ -74,9 +74,8 @@ async def test_a_pool_of_folding_processes_answers_every_take_in_its_place():
     """Takes the first process cannot keep up with spill over to the second; each answer is
     the one its own take gets inline."""
     prices = PriceBook.load(DEFAULT_PRICES)
-    pool = FoldingPool([ProcessFolding(prices, depth=2), ProcessFolding(prices, depth=2)])
+    pool = FoldingPool([ProcessFolding(prices), ProcessFolding(prices)], depth=4)
     try:
-        assert pool.depth == 4
         takes = usage_takes(6)
         answers = [pool.submit([values]) for values in takes]  # none answered yet
         assert [member.in_hand for member in pool.members] == [3, 3]

@@ -229,7 +229,7 @@ async def test_the_aggregation_takes_its_bounds_from_the_settings(tmp_path: Any)
     assert inline.folding.depth == 0
     pool = Wiring(settings.model_copy(update={"folding_processes": 3})).aggregation().folding
     assert isinstance(pool, FoldingPool)
-    assert [member.depth for member in pool.members] == [2, 2, 2] and pool.depth == 6
+    assert len(pool.members) == 3 and pool.depth == 2  # in all, as one process would have
 
 
 async def test_the_worker_app_sizes_its_producer_buffer_and_runs_without_the_monitor(
