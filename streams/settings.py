@@ -113,8 +113,8 @@ class Settings(BaseSettings):
     )
     folding: Literal["process", "inline"] = Field(
         "process", description="where the aggregation parses, prices and folds messages: in "
-        "the worker's process, or in a child process beside it, so the worker's process only "
-        "moves messages and writes Redis (one worker then uses two cores)"
+        "the worker's process, or in child processes beside it, so the worker's process only "
+        "moves messages and writes Redis (one worker then uses more than one core)"
     )
     batch_within_s: float = Field(
         0.2, gt=0, description="longest wait for a batch to fill before it is applied"
