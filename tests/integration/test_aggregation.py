@@ -254,7 +254,7 @@ def test_calendar_day_follows_the_configured_time_zone(services, namespace, tmp_
         proc.stop()
 
 
-@pytest.mark.parametrize("folding", ["inline", "process"])
+@pytest.mark.parametrize("folding", ["inline", "pool"])  # "pool" is the default
 def test_totals_stay_exact_when_the_worker_is_killed_repeatedly(services, worker, namespace):
     rng = random.Random(11)
     messages, ledger, _ = _stream(seed=11, n=200_000, batch_share=0.02)
