@@ -51,6 +51,7 @@ from bench.throughput import (  # noqa: E402
     log,
     produce,
     redis_total,
+    scrape_metrics,
     watermarks,
 )
 
@@ -71,24 +72,6 @@ def start_worker(a: argparse.Namespace, ns: str, port: int, unwritten: int | Non
                             stderr=subprocess.STDOUT)
 
 
-def worker_series(port: int) -> dict[str, float]:
-    """The worker's /metrics, labels summed away; empty until its web server answers."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            name = series.partition("{")[0]
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
-
-
 def run_case(a: argparse.Namespace, ns: str, unwritten: int | None, ends: dict[int, int],
              rules: str, workdir: str) -> dict[str, Any]:
     from redis import Redis
@@ -105,7 +88,7 @@ def run_case(a: argparse.Namespace, ns: str, unwritten: int | None, ends: dict[i
                 if worker.poll() is not None:
                     raise RuntimeError(f"the worker exited ({worker.returncode}); "
                                        f"see {logfile.name}")
-                figures = worker_series(port)
+                figures = scrape_metrics(port)  # logs until its web server answers
                 held = max(held, int(figures.get("costline_unwritten_events", 0)))
                 peak_rss = max(peak_rss, vm_status(worker.pid).get("VmHWM", 0))
                 if paused_at is None and figures.get("costline_messages_total", 0) > 0:

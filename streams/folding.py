@@ -225,7 +225,7 @@ class FoldingPool:
         self.members = list(members)
         # Takes left with the processes in all: as many as one process would be left with,
         # so a second process costs the worker no more messages held (with twice as many, a
-        # worker on a 48-partition backlog peaked at 309 MiB instead of 266-271).
+        # worker on a 48-partition backlog peaked at 309 MiB instead of 259).
         self.depth = depth
 
     @property

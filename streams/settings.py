@@ -134,7 +134,7 @@ class Settings(BaseSettings):
     folding_processes: int = Field(
         2, ge=1, le=16, description="folding processes of a worker (COSTLINE_FOLDING=process): "
         "a take goes to the next one only while those before it are behind, so the second "
-        "folds when the first cannot keep up (each holds ~50-100 MiB)"
+        "folds when the first cannot keep up (each holds ~40-100 MiB)"
     )
     folding_takes: int = Field(
         4, ge=1, le=64, description="takes of messages the worker leaves with its folding "
