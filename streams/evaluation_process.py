@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -103,6 +104,7 @@ class ProcessRunner:
 
 def child_main(settings: Any, prices: PriceBook, conn: Connection) -> None:
     """The child: evaluate what the worker asks for until the worker closes the pipe."""
+    os.nice(settings.evaluator_nice)
     runner, engine = _runner(settings), None
     collector.settle()
     while True:

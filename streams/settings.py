@@ -111,6 +111,11 @@ class Settings(BaseSettings):
         "its own (it never holds the aggregation's interpreter lock), or inline in the worker's "
         "process"
     )
+    evaluator_nice: int = Field(
+        10, ge=0, le=19, description="niceness of the evaluation process: when the machine "
+        "is busy, the aggregation gets the CPU first and the rules are evaluated with what it "
+        "leaves (0: the worker's own priority)"
+    )
     folding: Literal["process", "inline"] = Field(
         "process", description="where the aggregation parses, prices and folds messages: in "
         "the worker's process, or in child processes beside it, so the worker's process only "

@@ -121,3 +121,23 @@ def test_the_child_ends_when_the_worker_is_gone(runner: ProcessRunner, redis_url
     runner._conn.close()  # what the worker's death does to the pipe
     process.join(timeout=10)
     assert process.exitcode == 0
+
+
+def niceness(pid: int) -> int:
+    """A process's nice value, as ``ps -o ni`` shows it (field 19 of ``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        after_name = fh.read().rsplit(")", 1)[1].split()
+    return int(after_name[16])
+
+
+@pytest.mark.parametrize(("nice", "expected"), [(None, 10), (0, 0), (5, 5)])
+def test_the_child_evaluates_at_its_niceness_and_the_worker_keeps_its_own(
+        redis_url: str, namespace: str, nice: int | None, expected: int) -> None:
+    given = {} if nice is None else {"evaluator_nice": nice}
+    runner = ProcessRunner(Settings(redis_url=redis_url, namespace=namespace, **given), PRICES)
+    try:
+        runner.evaluate(Engine.for_prices(NIGHTLY, PRICES), T0, full=True)
+        assert runner.pid is not None
+        assert niceness(runner.pid) == niceness(os.getpid()) + expected
+    finally:
+        runner.close()
