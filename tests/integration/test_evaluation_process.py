@@ -131,13 +131,14 @@ def niceness(pid: int) -> int:
 
 
 @pytest.mark.parametrize(("nice", "expected"), [(None, 10), (0, 0), (5, 5)])
-def test_the_child_evaluates_at_its_niceness_and_the_worker_keeps_its_own(
+def test_the_child_evaluates_at_its_niceness(
         redis_url: str, namespace: str, nice: int | None, expected: int) -> None:
     given = {} if nice is None else {"evaluator_nice": nice}
     runner = ProcessRunner(Settings(redis_url=redis_url, namespace=namespace, **given), PRICES)
     try:
         runner.evaluate(Engine.for_prices(NIGHTLY, PRICES), T0, full=True)
         assert runner.pid is not None
-        assert niceness(runner.pid) == niceness(os.getpid()) + expected
+        # niceness adds to the worker's own, up to the most there is (19)
+        assert niceness(runner.pid) == min(19, niceness(os.getpid()) + expected)
     finally:
         runner.close()
