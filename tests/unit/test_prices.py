@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 import rules
 from rules.events import Category, FaultEvent, Parsed, UsageEvent, parse_message
@@ -18,12 +20,14 @@ from rules.prices import (
     PricingError,
     exact,
     format_micro,
+    product_micro,
     to_micro,
 )
 from rules.yaml_source import SourceInvalid
 
 EXAMPLE = Path(rules.__file__).parent / "prices" / "example.yaml"
 NOW = 1_796_025_600
+MICRO_D = Decimal(1_000_000)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +103,47 @@ def test_cost_is_rounded_half_to_even_at_the_micro_unit(quantity, micro):
     priced = make_book({"tick": {"unit": "each", "price": "0.000001", "category": "other"}})
     assert priced.charge(usage(resource_type="tick", unit="each",
                                quantity=quantity)).cost_micro == micro
+
+
+def exact_product_micro(number: float, per_unit_micro: Decimal) -> int:
+    """What ``product_micro`` must give: the exact decimal product, rounded half to even."""
+    return int((exact(number) * per_unit_micro).to_integral_value(ROUND_HALF_EVEN))
+
+
+quantities = st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False)
+# Prices as a book may write them: up to twelve decimal places.
+prices = st.decimals(min_value=0, max_value=100_000, places=12, allow_nan=False,
+                     allow_infinity=False)
+
+
+@given(quantities, prices)
+@example(2.5, Decimal("0.000001"))  # exactly half a micro-unit: rounds to even
+@example(0.1, Decimal("2.49"))  # 0.1 is not 0.1 in binary; the book's product is 249000
+@example(0.00015, Decimal("0.01"))  # 1.5 micro-units as written, 1.4999999999999998 in floats
+@example(1e9, Decimal("99999.999999999999"))  # past 2^52 micro-units: the exact path
+@example(0.30000000000000004, Decimal("0.0000005"))
+def test_the_float_shortcut_rounds_every_product_as_decimal_arithmetic_does(number, price):
+    # The hot path multiplies floats and falls back to Decimal only near a half: for any
+    # quantity and any price it must give the exact decimal rounding, never a micro-unit off.
+    per_unit = price * MICRO_D
+    with localcontext() as ctx:
+        ctx.prec = 60
+        expected = exact_product_micro(number, per_unit)
+    assert product_micro(number, per_unit, float(per_unit)) == expected
+
+
+@given(st.integers(min_value=0, max_value=10**8), st.integers(min_value=0, max_value=6))
+def test_products_that_land_on_a_half_micro_unit_round_to_even(whole, places):
+    # A quantity such as 0.5005 at 1,000 micro-units a unit is 500.5 micro-units exactly as
+    # written, but 500.49999999999994 in floats: the float product alone rounds it the wrong
+    # way. Every product here is exactly a whole number and a half.
+    quantity = Decimal(2 * whole + 1) / Decimal(2 * 10**places)
+    number = float(quantity)
+    assert exact(number) == quantity  # the quantity as the producer wrote it
+    per_unit = Decimal(10**places)
+    expected = whole if whole % 2 == 0 else whole + 1
+    assert exact_product_micro(number, per_unit) == expected
+    assert product_micro(number, per_unit, float(per_unit)) == expected
 
 
 @pytest.mark.parametrize(
