@@ -154,9 +154,11 @@ class Wiring:
         settings = self.settings
         if settings.folding == "inline":
             return None
-        members = [ProcessFolding(self.prices, settings.folding_takes)
-                   for _ in range(settings.folding_processes)]
-        return members[0] if len(members) == 1 else FoldingPool(members, settings.folding_takes)
+        takes, processes = settings.folding_takes, settings.folding_processes
+        if processes == 1:
+            return ProcessFolding(self.prices, takes)
+        # in a pool the takes are the pool's, in all: its members' own depth is not used
+        return FoldingPool([ProcessFolding(self.prices) for _ in range(processes)], takes)
 
     def aggregation(self) -> Aggregator:
         settings, app = self.settings, self.app

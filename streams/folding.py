@@ -221,7 +221,7 @@ class FoldingPool:
 
     SPILL_AT = 2  # a take being folded and the next one sent (``ProcessFolding.SENT_AHEAD``)
 
-    def __init__(self, members: Sequence[ProcessFolding], depth: int = 4) -> None:
+    def __init__(self, members: Sequence[ProcessFolding], depth: int) -> None:
         self.members = list(members)
         # Takes left with the processes in all: as many as one process would be left with,
         # so a second process costs the worker no more messages held (with twice as many, a

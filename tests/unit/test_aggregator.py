@@ -102,7 +102,7 @@ def make(folding: str = "inline"
     if folding == "process":
         child = ProcessFolding(PRICES)
     elif folding == "pool":
-        child = FoldingPool([ProcessFolding(PRICES), ProcessFolding(PRICES)])
+        child = FoldingPool([ProcessFolding(PRICES), ProcessFolding(PRICES)], depth=4)
     if child is not None:
         CHILDREN.append(child)
     agg = Aggregator(namespace="t", sources={TOPIC: "usage"}, writer=writer,  # type: ignore[arg-type]

@@ -76,6 +76,7 @@ async def test_a_pool_of_folding_processes_answers_every_take_in_its_place():
     prices = PriceBook.load(DEFAULT_PRICES)
     pool = FoldingPool([ProcessFolding(prices), ProcessFolding(prices)], depth=4)
     try:
+        assert pool.depth == 4
         takes = usage_takes(6)
         answers = [pool.submit([values]) for values in takes]  # none answered yet
         assert [member.in_hand for member in pool.members] == [3, 3]
@@ -91,7 +92,7 @@ async def test_a_pool_of_folding_processes_answers_every_take_in_its_place():
 
 async def test_a_pool_whose_first_process_keeps_up_leaves_the_others_idle():
     prices = PriceBook.load(DEFAULT_PRICES)
-    pool = FoldingPool([ProcessFolding(prices), ProcessFolding(prices)])
+    pool = FoldingPool([ProcessFolding(prices), ProcessFolding(prices)], depth=4)
     try:
         for values in usage_takes(4):  # each answered before the next is taken
             await asyncio.wait_for(pool.submit([values]), timeout=60)
