@@ -1,7 +1,7 @@
 """Where the aggregation's time goes, stage by stage, without Kafka or Faust in the way.
 
     .venv/bin/python bench/stages.py [--events N] [--tagsets N] [--partitions N]
-        [--window N] [--batch-size N] [--redis-url URL] [--json]
+        [--window N] [--batch-size N] [--take N] [--redis-url URL] [--json]
 
 The data set of ``bench/throughput.py`` (same generator, same seed), in 100-event batch
 messages, goes through the worker's hot path in this one process, partition by partition and
@@ -12,8 +12,13 @@ per event (``INFO cpu``), cells per window, and checks that Redis's total equals
 generator's.
 
 Baselines, measured in the same run on the same messages: ``json.loads`` and pydantic's
-compiled validator alone (what parsing cannot go below). Uses the namespace ``stages<hex>``
-and deletes its keys at the end.
+compiled validator alone (what parsing cannot go below).
+
+Then the same messages in takes of ``--take`` messages, as a folding process gets them:
+``streams.folding.screen`` (each message parsed, priced and folded before the next), beside
+the take parsed whole, then priced, then folded (every event of the take alive at once).
+
+Uses the namespace ``stages<hex>`` and deletes its keys at the end.
 """
 
 from __future__ import annotations
@@ -107,6 +112,40 @@ async def run_stages(parts: list[list[bytes]], ns: str, redis_url: str, window: 
             "redis_server_us_per_event": redis_s / events * 1e6}
 
 
+def take_screening(parts: list[list[bytes]], take: int) -> dict[str, float]:
+    """CPU-µs per event of screening takes of ``take`` messages: as a folding process does,
+    and with the whole take parsed before anything is priced. Two alternating passes each;
+    each way has a folder of its own, warmed by the first pass."""
+    from rules.events import Parsed, parse_message
+    from rules.prices import PriceBook
+    from rules.tally import Folder, Tally
+    from streams.folding import screen
+    from streams.settings import DEFAULT_PRICES
+
+    def parsed_first(folder: Folder, values: list[bytes]) -> Tally:
+        verdicts = [parse_message(value) for value in values]
+        priced = [p for v in verdicts if isinstance(v, Parsed)
+                  for p in folder.price(v.events, v.times)]
+        tally = Tally()
+        folder.fold(tally, priced)
+        return tally
+
+    ways = {"screen, message by message": lambda f, v: screen(f, v).tally,
+            "baseline: the take parsed first": parsed_first}
+    folders = {name: Folder(PriceBook.load(DEFAULT_PRICES)) for name in ways}
+    spent, events = dict.fromkeys(ways, 0.0), dict.fromkeys(ways, 0)
+    takes = [part[i:i + take] for part in parts for i in range(0, len(part), take)]
+    for _ in range(2):
+        for name, way in ways.items():
+            spent[name], events[name] = 0.0, 0
+            for values in takes:
+                started = time.process_time()
+                tally = way(folders[name], values)
+                spent[name] += time.process_time() - started
+                events[name] += tally.events
+    return {name: spent[name] / events[name] * 1e6 for name in ways}
+
+
 def report(figures: dict[str, Any]) -> str:
     stages = figures["us_per_event"]
     worker = sum(stages.values())
@@ -126,6 +165,9 @@ def report(figures: dict[str, Any]) -> str:
         f"  {'worker, all stages':40s}{worker:10.2f}",
         f"  {'Redis server (INFO cpu)':40s}{figures['redis_server_us_per_event']:10.2f}",
         "",
+        f"{'a take of ' + str(figures['take']) + ' messages, CPU-µs per event':40s}",
+        *(f"  {name:40s}{value:10.2f}" for name, value in figures["takes"].items()),
+        "",
         f"this process's peak RSS: {figures['peak_rss_mib']:.0f} MiB",
         f"total check (Redis == generator): {'OK' if figures['total_ok'] else 'MISMATCH'}",
     ]
@@ -140,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="events folded per Redis write (the worker's COSTLINE_WINDOW_EVENTS)")
     p.add_argument("--batch-size", type=int, default=100, help="events per message")
     p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--take", type=int, default=100,
+                   help="messages per take (as many as the worker takes at once, "
+                   "COSTLINE_BATCH_MESSAGES)")
     a = p.parse_args(argv)
 
     ns = "stages" + secrets.token_hex(3)
@@ -149,10 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         figures = asyncio.run(run_stages(parts, ns, a.redis_url, a.window))
         figures["baselines"] = floor_baselines(flat, figures["events"])
+        figures["takes"] = take_screening(parts, a.take)
         total = redis_total(a.redis_url, ns, data.ts_min, data.ts_max)
     finally:
         unlink_namespaces(a.redis_url, [ns])
     figures.update(namespace=ns, tagsets=a.tagsets, partitions=a.partitions, window=a.window,
+                   take=a.take,
                    total_ok=total == data.expected_cost_micro,
                    peak_rss_mib=vm_status().get("VmHWM", 0) / 1024)
     print(json.dumps(figures, indent=2) if a.json else report(figures))

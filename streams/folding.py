@@ -27,7 +27,7 @@ import msgpack
 
 from rules.events import Rejection, parse_message
 from rules.prices import PriceBook, PricingError
-from rules.tally import Folder, Priced, Tally
+from rules.tally import Folder, Tally
 from streams import child_process, collector
 
 log = logging.getLogger("costline.folding")
@@ -46,20 +46,26 @@ class Screened:
 
 
 def screen(folder: Folder, values: Sequence[bytes]) -> Screened:
-    """Parse, price and fold messages; a message is counted whole or refused whole."""
+    """Parse, price and fold messages; a message is counted whole or refused whole.
+
+    Each message is folded as soon as it is priced, so its events are freed before the next
+    one is parsed. Parsing a whole take first kept its events alive together (10,000 for 100
+    batch messages): past the collector's young threshold, each collection walked them all,
+    and the take cost 10.2–11.1 CPU-µs per event against 7.9–8.0 message by message
+    (``bench/stages.py --take 100``)."""
     refused: list[tuple[int, str, str]] = []
-    priced: list[Priced] = []
+    tally = Tally()
     for index, value in enumerate(values):
         verdict = parse_message(value)
         if isinstance(verdict, Rejection):
             refused.append((index, verdict.code, verdict.reason))
             continue
         try:
-            priced += folder.price(verdict.events, verdict.times)
+            priced = folder.price(verdict.events, verdict.times)
         except PricingError as exc:
             refused.append((index, exc.code, exc.reason))
-    tally = Tally()
-    folder.fold(tally, priced)
+            continue
+        folder.fold(tally, priced)
     return Screened(refused, tally)
 
 

@@ -55,6 +55,24 @@ def test_an_answer_crosses_whole():
     assert same(back.tally, screened.tally)
 
 
+def test_a_message_the_book_cannot_price_adds_nothing_of_itself():
+    """Messages are folded one by one as they are priced: a batch whose second event cannot be
+    priced adds not even its first, and the messages around it are counted."""
+    folder = Folder(PriceBook.load(DEFAULT_PRICES))
+    usage = {"kind": "usage", "ts": T0, "resource_id": "n1", "resource_type": "gpu.h100",
+             "quantity": 1, "unit": "gpu_hour", "tags": {"team": "a"}}
+    values = [message(event_id="u1", **usage),
+              json.dumps([{**usage, "event_id": "u2"},
+                          {**usage, "event_id": "u3", "unit": "gb"}]).encode(),
+              message(event_id="u4", **usage)]
+    screened = screen(folder, values)
+    assert [(index, code) for index, code, _ in screened.refused] == [(1, "unit_mismatch")]
+    assert "event 1" in screened.refused[0][2]
+    alone = screen(folder, [values[0], values[2]])
+    assert screened.tally.events == 2
+    assert same(screened.tally, alone.tally)
+
+
 def test_a_sum_beyond_64_bits_crosses_exactly():
     # The aggregation refuses it when adding it to Redis: it must arrive as it was summed.
     tally = Tally()
