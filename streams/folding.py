@@ -50,9 +50,10 @@ def screen(folder: Folder, values: Sequence[bytes]) -> Screened:
 
     Each message is folded as soon as it is priced, so its events are freed before the next
     one is parsed. Parsing a whole take first kept its events alive together (10,000 for 100
-    batch messages): past the collector's young threshold, each collection walked them all,
-    and the take cost 10.2–11.1 CPU-µs per event against 7.9–8.0 message by message
-    (``bench/stages.py --take 100``)."""
+    batch messages): the collector walked them at each young collection, and they filled the
+    CPU's caches. The take cost 10.99–11.52 CPU-µs per event that way, 9.51–10.05 with the
+    collector off, against 7.81–8.26 message by message (``bench/stages.py --take 100``, two
+    runs)."""
     refused: list[tuple[int, str, str]] = []
     tally = Tally()
     for index, value in enumerate(values):
