@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -35,11 +35,9 @@ from redis.exceptions import BusyLoadingError, ConnectionError, RedisError, Time
 
 from connectors.redis_apply import SUM_LIMIT, Applied, BatchWriter, Duplicates, Mismatch, Overflow
 from connectors.redis_keys import slot_tag
-from rules.events import Rejection, parse_message
-from rules.prices import PricingError
-from rules.tally import COST, QUANTITY, WASTE_PREFIX, Folder, Priced, Tally
+from rules.tally import COST, QUANTITY, WASTE_PREFIX, Folder, Tally
 from streams.dead_letters import dead_letter
-from streams.folding import Folding, InlineFolding, Screened
+from streams.folding import Folding, InlineFolding, Screened, screen
 from streams.health import Health
 from streams.metrics import Metrics
 
@@ -263,9 +261,7 @@ class Aggregator:
             fresh = [m for m in fresh if m.offset > state.folded]
             if not fresh:
                 return
-            events, accepted = await self._screen(fresh)
-            tally = Tally()
-            self.folder.fold(tally, events)
+            tally, accepted = await self._screen(fresh)
             screened = Screened([], tally)
         else:
             accepted = await self._refuse_screened(fresh, screened.refused)
@@ -279,8 +275,8 @@ class Aggregator:
         elif window.tally.seen.isdisjoint(screened.tally.seen):
             window.tally.absorb(screened.tally)
         else:  # an event of the window sent again: fold these here, without it
-            events, _ = await self._screen(accepted)
-            self.folder.fold(window.tally, events)
+            again, _ = await self._screen(accepted, window.tally.seen)
+            window.tally.absorb(again)
         window.messages += accepted
         window.last = state.folded = fresh[-1].offset
         await self._schedule(tp, state)
@@ -336,24 +332,14 @@ class Aggregator:
         if self._wrote is not None and not self._wrote.done():
             self._wrote.set_result(None)
 
-    async def _screen(self, messages: list[Message]) -> tuple[list[Priced], list[Message]]:
-        """Parse and price; refused messages go to the dead-letter topic before anything
+    async def _screen(self, messages: list[Message], skip: Set[bytes] = frozenset()
+                      ) -> tuple[Tally, list[Message]]:
+        """Fold here what needs folding again, as a folding process folds a take (without
+        the events in ``skip``); refused messages go to the dead-letter topic before anything
         of the batch is counted, so a crash can repeat a dead letter but never lose one.
-        Returns the priced events and the messages they came from."""
-        events: list[Priced] = []
-        accepted: list[Message] = []
-        for message in messages:
-            verdict = parse_message(message.value or b"")
-            if isinstance(verdict, Rejection):
-                await self._refuse(message, verdict.code, verdict.reason)
-                continue
-            try:
-                events += self.folder.price(verdict.events, verdict.times)
-            except PricingError as exc:
-                await self._refuse(message, exc.code, exc.reason)
-                continue
-            accepted.append(message)
-        return events, accepted
+        Returns the sums and the messages they came from."""
+        screened = screen(self.folder, [message.value or b"" for message in messages], skip)
+        return screened.tally, await self._refuse_screened(messages, screened.refused)
 
     async def _refuse(self, message: Message, code: str, reason: str) -> None:
         key, value = dead_letter(message.topic, message.partition, message.offset,
@@ -445,11 +431,9 @@ class Aggregator:
         """The window again from its messages: only those above the stored watermark, and
         without the events Redis said were counted before."""
         messages = [m for m in window.messages if m.offset > state.applied]
-        events, accepted = await self._screen(messages)
-        again = Window(after=state.applied, last=window.last, messages=accepted,
-                       skip=window.skip)
-        self.folder.fold(again.tally, events, again.skip)
-        return again
+        tally, accepted = await self._screen(messages, window.skip)
+        return Window(after=state.applied, last=window.last, tally=tally, messages=accepted,
+                      skip=window.skip)
 
     async def _refuse_overflowing(self, tp: TP, state: PartitionState, window: Window,
                                   stored: dict[str, int]) -> Window:
@@ -463,9 +447,7 @@ class Aggregator:
         for message in window.messages:
             if message.offset <= state.applied:
                 continue
-            events, accepted = await self._screen([message])
-            alone = Tally()
-            self.folder.fold(alone, events, counted)
+            alone, accepted = await self._screen([message], counted)
             adds = self.writer.additions(slot, alone, sums)
             past = [name for name, delta in adds.items() if sums[name] + delta >= _REFUSED_AT]
             if past:

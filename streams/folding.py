@@ -19,7 +19,7 @@ import logging
 import socket
 import traceback
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,8 +45,9 @@ class Screened:
     tally: Tally
 
 
-def screen(folder: Folder, values: Sequence[bytes]) -> Screened:
-    """Parse, price and fold messages; a message is counted whole or refused whole.
+def screen(folder: Folder, values: Sequence[bytes], skip: Set[bytes] = frozenset()) -> Screened:
+    """Parse, price and fold messages; a message is counted whole or refused whole, and an
+    event whose digest is in ``skip`` (counted before) is not counted again.
 
     Each message is folded as soon as it is priced, so its events are freed before the next
     one is parsed. Parsing a whole take first kept its events alive together (10,000 for 100
@@ -66,7 +67,7 @@ def screen(folder: Folder, values: Sequence[bytes]) -> Screened:
         except PricingError as exc:
             refused.append((index, exc.code, exc.reason))
             continue
-        folder.fold(tally, priced)
+        folder.fold(tally, priced, skip)
     return Screened(refused, tally)
 
 

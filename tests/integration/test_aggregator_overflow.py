@@ -91,3 +91,21 @@ async def test_the_message_that_would_pass_the_limit_is_refused_however_they_are
     assert await writer.watermark(slot) == 2
     assert [letter["offset"] for letter in letters] == [2]
     assert await day_costs(writer, slot) == [9_199 * 10**15 + 5 * 10**14]
+
+
+async def test_a_resend_of_a_counted_message_is_not_refused_as_passing_the_limit(
+        redis_writer: Writer, namespace: str) -> None:
+    writer: BatchWriter = redis_writer.writer
+    letters: list[dict[str, object]] = []
+    agg = aggregator(writer, namespace, letters)
+    # As above, with m1 sent twice: its resend adds nothing, so it fits where m2 does not.
+    m1 = json.dumps(usage("m1", 5e8, "big")).encode()
+    messages = [json.dumps([usage(f"f{i}", 1e9, "big") for i in range(9_199)]).encode(),
+                m1, m1, json.dumps(usage("m2", 5e8, "big")).encode()]
+    await agg.handle([Msg(offset, value) for offset, value in enumerate(messages)])
+    await agg.flush()
+
+    slot = slot_tag(namespace, "usage", 0)
+    assert await writer.watermark(slot) == 3
+    assert [letter["offset"] for letter in letters] == [3]
+    assert await day_costs(writer, slot) == [9_199 * 10**15 + 5 * 10**14]
