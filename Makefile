@@ -6,7 +6,7 @@
 #   eval "$(make -s stack-up)"     local Kafka and Redis; STACK_ARGS='--kafka apache' for the real
 #                                  broker, STATE_DIR=... for another state folder
 #   make stack-down
-#   make lint                      ruff and mypy --strict (rules/, connectors/)
+#   make lint                      ruff, and mypy --strict on costline.rules, .connectors, .streams
 #
 # Each target creates .venv first when it is missing.
 
@@ -44,7 +44,7 @@ stack-down: $(BIN)/costline
 
 lint: $(BIN)/pytest
 	$(BIN)/ruff check .
-	$(BIN)/mypy
+	.ci/typecheck
 
 # The chaos run at full size (bench/chaos.py): restarts Kafka and Redis of the running Apache
 # Kafka stack (STATE_DIR=..., else $COSTLINE_STATE_DIR) and writes docs/RELIABILITY.md.

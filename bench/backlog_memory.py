@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP)
     a = p.parse_args(argv)
 
-    from streams.settings import Settings
-    from streams.topics import create_topics
+    from costline.streams.settings import Settings
+    from costline.streams.topics import create_topics
 
     run_id = "backlog" + secrets.token_hex(3)
     data = generate(a.events, a.tagsets, a.partitions, 1.1, a.seed, run_id)

@@ -65,12 +65,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the test helpers below live in the repository, not the package
     sys.path.insert(0, str(REPO))
 
-from connectors.kafka import admin  # noqa: E402
-from connectors.redis_keys import slot_tag, wm_key  # noqa: E402
-from connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread  # noqa: E402
-from streams import stack  # noqa: E402
-from streams.settings import Settings  # noqa: E402
-from streams.topics import create_topics  # noqa: E402
+from costline.connectors.kafka import admin  # noqa: E402
+from costline.connectors.redis_keys import slot_tag, wm_key  # noqa: E402
+from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread  # noqa: E402
+from costline.streams import stack  # noqa: E402
+from costline.streams.settings import Settings  # noqa: E402
+from costline.streams.topics import create_topics  # noqa: E402
 from tests.integration.streamkit import (  # noqa: E402
     Ledger,
     Worker,

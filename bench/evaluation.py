@@ -45,12 +45,12 @@ async def write_new_tagsets(ns: str, redis_url: str, count: int) -> None:
     """``count`` usage events of as many tag sets never seen before, into partition 0."""
     from redis.asyncio import Redis
 
-    from connectors.redis_apply import Applied, BatchWriter
-    from connectors.redis_keys import Calendar, slot_tag
-    from rules.events import UsageEvent
-    from rules.prices import PriceBook
-    from rules.tally import Folder, Tally
-    from streams.settings import DEFAULT_PRICES
+    from costline.connectors.redis_apply import Applied, BatchWriter
+    from costline.connectors.redis_keys import Calendar, slot_tag
+    from costline.rules.events import UsageEvent
+    from costline.rules.prices import PriceBook
+    from costline.rules.tally import Folder, Tally
+    from costline.streams.settings import DEFAULT_PRICES
 
     client = Redis.from_url(redis_url)
     writer = BatchWriter(client, ns, Calendar("UTC"), 7 * 86400)
@@ -71,13 +71,13 @@ def child(ns: str, redis_url: str, mode: str, ticks: int, new_tagsets: int) -> d
     """One evaluation process's figures (runs in a process of its own)."""
     from redis import Redis
 
-    from connectors.alert_store import AlertStore
-    from connectors.redis_state import RedisState
-    from rules.engine import Engine
-    from rules.prices import PriceBook
-    from streams import collector
-    from streams.evaluator import InlineRunner
-    from streams.settings import DEFAULT_PRICES, DEFAULT_RULES
+    from costline.connectors.alert_store import AlertStore
+    from costline.connectors.redis_state import RedisState
+    from costline.rules.engine import Engine
+    from costline.rules.prices import PriceBook
+    from costline.streams.settings import DEFAULT_PRICES, DEFAULT_RULES
+    from costline.streams.worker import collector
+    from costline.streams.worker.evaluator import InlineRunner
 
     class Untold(RedisState):
         """Cannot tell what changed in the first buckets: they are read again every tick."""

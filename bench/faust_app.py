@@ -3,7 +3,8 @@
     .venv/bin/python bench/faust_app.py [--messages N] [--repeat N] [--json]
 
 Two costs Faust pays for every message it delivers, each timed on the worker's app
-(``streams.handoff.App``) and, as the baseline in the same run, on a stock ``faust.App``:
+(``costline.streams.worker.handoff.App``) and, as the baseline in the same run, on a stock
+``faust.App``:
 
 * the sensors' four calls (message in, stream event in and out, message out): Faust's Monitor
   sensor against the worker's ``InboundTimes``;
@@ -31,7 +32,7 @@ if str(REPO) not in sys.path:
 import faust  # noqa: E402 - after the path
 from faust.types import TP  # noqa: E402
 
-from streams.handoff import App  # noqa: E402
+from costline.streams.worker.handoff import App  # noqa: E402
 
 PARTITION = TP("usage", 0)
 

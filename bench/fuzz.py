@@ -89,10 +89,17 @@ class Outcome:
 
 
 def parser_target() -> tuple[list[bytes], Callable[[bytes], str]]:
-    from connectors.redis_keys import Calendar
-    from rules.events import MAX_FUTURE_S, MIN_TS, Parsed, Rejection, dump_event, parse_message
-    from rules.prices import PriceBook
-    from streams.settings import DEFAULT_PRICES
+    from costline.connectors.redis_keys import Calendar
+    from costline.rules.events import (
+        MAX_FUTURE_S,
+        MIN_TS,
+        Parsed,
+        Rejection,
+        dump_event,
+        parse_message,
+    )
+    from costline.rules.prices import PriceBook
+    from costline.streams.settings import DEFAULT_PRICES
 
     book = PriceBook.load(DEFAULT_PRICES)
     zones = [Calendar(z) for z in ("UTC", "Pacific/Kiritimati", "Etc/GMT+12")]
@@ -142,9 +149,9 @@ def parser_target() -> tuple[list[bytes], Callable[[bytes], str]]:
 
 
 def rules_target(slow_s: float) -> tuple[list[bytes], Callable[[bytes], str]]:
-    import connectors.reclaim  # noqa: F401 - reclaim connectors validate their parameters
-    from rules.loader import RuleSet, RulesInvalid, load_rule_text
-    from streams.settings import DEFAULT_RULES
+    import costline.connectors.reclaim  # noqa: F401 - reclaim connectors validate their parameters
+    from costline.rules.loader import RuleSet, RulesInvalid, load_rule_text
+    from costline.streams.settings import DEFAULT_RULES
 
     seeds = [path.read_bytes() for path in sorted(DEFAULT_RULES.glob("*.yaml"))]
 
@@ -177,8 +184,8 @@ def rules_target(slow_s: float) -> tuple[list[bytes], Callable[[bytes], str]]:
 
 
 def slack_target() -> tuple[list[bytes], Callable[[bytes], str]]:
-    from connectors.slack_actions import BadRequest, parse_action
-    from connectors.slack_render import APPROVE_ACTION, KEEP_ACTION, SNOOZE_ACTIONS
+    from costline.connectors.slack_actions import BadRequest, parse_action
+    from costline.connectors.slack_render import APPROVE_ACTION, KEEP_ACTION, SNOOZE_ACTIONS
 
     value = json.dumps({"alert_id": "idle-gpus/77c2d1", "rule": "idle-gpus",
                         "resource_id": "cluster-a/node-017"})

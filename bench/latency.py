@@ -4,7 +4,7 @@
                                       [--groups N] [--rules N] [--repeats N] [--fresh N]
                                       [--profile] [--memory] [--skip-e2e] [--skip-eval]
 
-(1) End to end. The real worker (``python -m streams worker``, a child process with a
+(1) End to end. The real worker (``python -m costline.streams worker``, a child process with a
 namespace of its own) runs one rule: a daily budget of one micro-unit per value of the tag
 ``probe`` (``group_by: [probe]``), so every probe event opens an alert of its own. First a
 burst of ``--burst`` single-event usage messages measures the worker's maximum (messages
@@ -144,14 +144,14 @@ class Namespace:
         return f"{self.name}.{short}.v1"
 
     def create_topics(self) -> None:
-        from streams.settings import Settings
-        from streams.topics import create_topics
+        from costline.streams.settings import Settings
+        from costline.streams.topics import create_topics
 
         create_topics(Settings(kafka_bootstrap=self.bootstrap, namespace=self.name,
                                partitions=self.partitions))
 
     def watermarks(self, redis: Any) -> list[int]:
-        from connectors.redis_keys import slot_tag, wm_key
+        from costline.connectors.redis_keys import slot_tag, wm_key
 
         raw = redis.mget([wm_key(slot_tag(self.name, "usage", p)) for p in range(self.partitions)])
         return [-1 if v is None else int(v) for v in raw]
@@ -192,7 +192,7 @@ class Namespace:
     def cleanup(self) -> None:
         from redis import Redis
 
-        from connectors.kafka import admin
+        from costline.connectors.kafka import admin
 
         r = Redis.from_url(self.redis_url)
         keys = [k for pattern in (f"{{{self.name}:*", f"{self.name}:*")
@@ -248,7 +248,7 @@ class Worker:
     def start(self) -> None:
         with self.log_path.open("ab") as handle:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streams", "worker", "--loglevel", "warning"],
+                [sys.executable, "-m", "costline.streams", "worker", "--loglevel", "warning"],
                 cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
@@ -372,7 +372,7 @@ class Sender:
     probes: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from connectors.kafka import producer
+        from costline.connectors.kafka import producer
 
         self.producer = producer(self.ns.bootstrap, client_id="costline-bench-latency",
                                  linger_ms=5)
@@ -633,10 +633,10 @@ def dataset(groups: int, now: float, seed: int, gpus_sampled: int, faults: int
 
 
 def build_memory_state(a: argparse.Namespace, now: float) -> tuple[Any, dict[str, Any]]:
-    from rules.events import parse_message
-    from rules.memory_state import InMemoryState
-    from rules.prices import PriceBook
-    from streams.settings import DEFAULT_PRICES
+    from costline.rules.events import parse_message
+    from costline.rules.memory_state import InMemoryState
+    from costline.rules.prices import PriceBook
+    from costline.streams.settings import DEFAULT_PRICES
 
     found = InMemoryState(PriceBook.load(DEFAULT_PRICES))
     started = time.perf_counter()
@@ -777,7 +777,7 @@ class StateClock:
 def timed_evaluations(engine: Any, state: Any, now: float, repeats: int
                       ) -> tuple[list[float], Any, int | None]:
     """``repeats`` evaluations, each on the book the previous one left; the peak RSS (KiB)."""
-    from rules.alerts import AlertBook
+    from costline.rules.alerts import AlertBook
 
     book = AlertBook()
     took: list[float] = []
@@ -805,7 +805,7 @@ def per_rule(rules: Sequence[Any], state: Any, now: float, budget_s: float, rule
     """Evaluate the rules one by one (findings and their payloads) until ``budget_s`` is spent;
     a rule still running after ``rule_timeout`` is stopped and counted at that time, so the
     estimate is then a lower bound."""
-    from rules.engine import payload
+    from costline.rules.engine import payload
 
     clock = StateClock(state)
     by_kind: dict[str, list[float]] = defaultdict(list)
@@ -870,8 +870,8 @@ def per_rule(rules: Sequence[Any], state: Any, now: float, budget_s: float, rule
 
 def run_memory_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """The generated rules one by one on an ``InMemoryState`` (``--memory``)."""
-    from rules.engine import Engine
-    from rules.loader import RuleSet, load_rule_text
+    from costline.rules.engine import Engine
+    from costline.rules.loader import RuleSet, load_rule_text
 
     now = time.time()
     log(f"building an InMemoryState of {a.groups:,} tag sets")
@@ -923,11 +923,11 @@ def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ticks), every rule of every evaluation."""
     from redis import Redis
 
-    from connectors.redis_state import RedisState
-    from rules.engine import Engine
-    from rules.kept_answers import KeptAnswers
-    from rules.loader import RuleSet, load_rule_text
-    from streams import collector
+    from costline.connectors.redis_state import RedisState
+    from costline.rules.engine import Engine
+    from costline.rules.kept_answers import KeptAnswers
+    from costline.rules.loader import RuleSet, load_rule_text
+    from costline.streams.worker import collector
 
     ns = Namespace("latev" + secrets.token_hex(3), a.bootstrap, a.redis_url, a.partitions)
     empty = workdir / "no-rules.yaml"
@@ -954,7 +954,8 @@ def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         took, _, _ = timed_evaluations(baseline, state, time.time(), a.repeats)
         out["baseline_p50_s"] = round(statistics.median(took), 3)
         log(f"baseline (one rule, nothing kept) p50 {out['baseline_p50_s']}s")
-        # The collector tuned as in the worker's evaluation process (streams.collector).
+        # The collector tuned as in the worker's evaluation process
+        # (costline.streams.worker.collector).
         collector.settle()
         out.update(evaluation_cost(Engine(ruleset, "USD"), state, KeptAnswers(),
                                    FreshSpend(ns, a.seed), ns, worker, redis, a))
@@ -968,7 +969,7 @@ def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def fill_redis(ns: Namespace, worker: Worker, redis: Any, a: argparse.Namespace, now: float
                ) -> dict[str, Any]:
     """The evaluation data set through Kafka and the worker, 1,000 events per message."""
-    from connectors.kafka import producer
+    from costline.connectors.kafka import producer
 
     prod = producer(a.bootstrap, client_id="costline-bench-latency")
     started = time.time()
@@ -1008,7 +1009,7 @@ class FreshSpend:
     def send(self, groups: int, events: int, new_tagsets: bool = False) -> None:
         """``events`` events of tag sets of the data set (``new_tagsets``: of tag sets not
         seen before, one each, as new jobs start)."""
-        from connectors.kafka import producer
+        from costline.connectors.kafka import producer
 
         rng = random.Random(self.seed + self.sent)
         batch = []
@@ -1033,7 +1034,7 @@ def evaluation_cost(engine: Any, state: Any, kept: Any, fresh: FreshSpend, ns: N
     worker's start or a rule reload), the tick (every rule, past hours kept), the tick after
     events of new tag sets, and the evaluations data triggers (``--fresh`` new events each,
     idle findings reused)."""
-    from rules.alerts import AlertBook
+    from costline.rules.alerts import AlertBook
 
     book = AlertBook()
     out: dict[str, Any] = {}

@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
 
 from bench.common import data_set_options  # noqa: E402 - needs REPO on the path
 from bench.throughput import generate, redis_info, unlink_namespaces  # noqa: E402
-from connectors.redis_apply import _SCRIPT  # noqa: E402
+from costline.connectors.redis_apply import _SCRIPT  # noqa: E402
 
 
 def cut_after(line: str) -> str:
@@ -61,11 +61,11 @@ VARIANTS = {
 
 def windows(data: Any, size: int) -> list[Any]:
     """The data set's tallies as the worker folds them, ``size`` events at most each."""
-    from rules.events import Parsed, parse_message
-    from rules.prices import PriceBook
-    from rules.tally import Folder, Tally
-    from streams.collector import settle
-    from streams.settings import DEFAULT_PRICES
+    from costline.rules.events import Parsed, parse_message
+    from costline.rules.prices import PriceBook
+    from costline.rules.tally import Folder, Tally
+    from costline.streams.settings import DEFAULT_PRICES
+    from costline.streams.worker.collector import settle
 
     folder, out, tally = Folder(PriceBook.load(DEFAULT_PRICES)), [], Tally()
     settle()
@@ -83,8 +83,8 @@ def run_variant(redis_url: str, script: str, tallies: list[Any]) -> tuple[float,
     """Redis CPU-µs per event of applying every window with ``script``, and the namespace."""
     from redis import Redis
 
-    from connectors.redis_apply import BatchWriter, _new_tagsets
-    from connectors.redis_keys import Calendar, slot_tag, wm_key
+    from costline.connectors.redis_apply import BatchWriter, _new_tagsets
+    from costline.connectors.redis_keys import Calendar, slot_tag, wm_key
 
     redis = Redis.from_url(redis_url)
     ns = "parts" + secrets.token_hex(3)

@@ -57,7 +57,7 @@ def timed(call: Callable[[], Any]) -> tuple[float, float, Any]:
 def raw_read(redis: Any, state: Any, start: float, end: float) -> int:
     """Every bucket and tag set a question over [start, end) reads, fetched and not decoded;
     returns the number of fields."""
-    from connectors.redis_keys import bucket_key, cover, tagsets_key
+    from costline.connectors.redis_keys import bucket_key, cover, tagsets_key
 
     buckets = list(cover(start, end, state.calendar))
     fields = 0
@@ -74,8 +74,8 @@ def measure(ns: str, redis_url: str, start: float, end: float, repeats: int
             ) -> dict[str, Any]:
     from redis import Redis
 
-    from connectors.redis_state import RedisState
-    from streams.commands.spend_cmd import parse_filters, spend_report
+    from costline.connectors.redis_state import RedisState
+    from costline.streams.cli.spend_cmd import parse_filters, spend_report
 
     redis = Redis.from_url(redis_url)
     out: dict[str, Any] = {}

@@ -15,7 +15,8 @@ Baselines, measured in the same run on the same messages: ``json.loads`` and pyd
 compiled validator alone (what parsing cannot go below).
 
 Then the same messages in takes of ``--take`` messages, as a folding process gets them:
-``streams.folding.screen`` (each message parsed, priced and folded before the next), beside
+``costline.streams.worker.folding.screen`` (each message parsed, priced and folded before the
+next), beside
 the take parsed whole, then priced, then folded (every event of the take alive at once), with
 Python's cyclic collector on and off.
 
@@ -52,7 +53,7 @@ STAGES = ("parse", "price", "fold", "write")
 
 def floor_baselines(messages: list[bytes], events: int) -> dict[str, float]:
     """µs per event of the two parsers a message goes through at the least."""
-    from rules.events import _validate_batch
+    from costline.rules.events import _validate_batch
 
     out = {}
     for name, parse in (("json.loads", json.loads),
@@ -68,13 +69,13 @@ async def run_stages(parts: list[list[bytes]], ns: str, redis_url: str, window: 
                      ) -> dict[str, Any]:
     from redis.asyncio import Redis
 
-    from connectors.redis_apply import Applied, BatchWriter
-    from connectors.redis_keys import Calendar, slot_tag
-    from rules.events import Parsed, parse_message
-    from rules.prices import PriceBook
-    from rules.tally import Folder, Tally
-    from streams.collector import settle
-    from streams.settings import DEFAULT_PRICES
+    from costline.connectors.redis_apply import Applied, BatchWriter
+    from costline.connectors.redis_keys import Calendar, slot_tag
+    from costline.rules.events import Parsed, parse_message
+    from costline.rules.prices import PriceBook
+    from costline.rules.tally import Folder, Tally
+    from costline.streams.settings import DEFAULT_PRICES
+    from costline.streams.worker.collector import settle
 
     folder = Folder(PriceBook.load(DEFAULT_PRICES))
     redis = Redis.from_url(redis_url)
@@ -120,11 +121,11 @@ def take_screening(parts: list[list[bytes]], take: int) -> dict[str, float]:
     Two passes over the takes, each running the ways in turn; the second is reported (the first
     warms each way's own folder). Runs after ``run_stages``, so the collector is tuned as in a
     folding process."""
-    from rules.events import Parsed, parse_message
-    from rules.prices import PriceBook
-    from rules.tally import Folder, Tally
-    from streams.folding import screen
-    from streams.settings import DEFAULT_PRICES
+    from costline.rules.events import Parsed, parse_message
+    from costline.rules.prices import PriceBook
+    from costline.rules.tally import Folder, Tally
+    from costline.streams.settings import DEFAULT_PRICES
+    from costline.streams.worker.folding import screen
 
     def parsed_first(folder: Folder, values: list[bytes]) -> Tally:
         verdicts = [parse_message(value) for value in values]

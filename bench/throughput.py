@@ -16,10 +16,14 @@ partitions in the same order (a message's partition follows its job tag).
 Then, for each copy, three consumers read the same topic, each alone in a fresh subprocess,
 timed from the first fetched message to the last one handled:
 
-(a) ceiling: a plain aiokafka consumer calling ``rules.events.parse_message`` on every message;
-(b) Faust no-op: ``streams.app.build_app`` in its own consumer group with the aggregator's
+(a) ceiling: a plain aiokafka consumer calling ``costline.rules.events.parse_message`` on every
+message
+message;
+(b) Faust no-op: ``costline.streams.worker.app.build_app`` in its own consumer group with the
+aggregator's
     ``handle`` replaced by a no-op, so Faust's settings, the consumer's hand-off
-    (``streams.handoff``) and the agent (``take_events``) are the worker's own (the rest of the
+    (``costline.streams.worker.handoff``) and the agent (``take_events``) are the worker's own (the
+    rest of the
     app, e.g. its timers, runs too, over an empty namespace);
 (b') plain Faust agent: an agent as Faust's own examples write one (``async for`` over the
     stream, one event at a time, no ``take_events``), on Faust's own consumer and the worker's
@@ -242,9 +246,9 @@ def quantity(rng: random.Random, meter: Meter) -> float:
 def generate(events: int, tagsets: int, partitions: int, zipf_s: float, seed: int,
              run_id: str, single_events: int | None = None,
              scale_partitions: int = 0) -> DataSet:
-    from rules.events import UsageEvent
-    from rules.prices import PriceBook
-    from streams.settings import DEFAULT_PRICES
+    from costline.rules.events import UsageEvent
+    from costline.rules.prices import PriceBook
+    from costline.streams.settings import DEFAULT_PRICES
 
     started = time.perf_counter()
     book = PriceBook.load(DEFAULT_PRICES)
@@ -332,7 +336,7 @@ def generate(events: int, tagsets: int, partitions: int, zipf_s: float, seed: in
 
 
 def produce(bootstrap: str, topic: str, parts: list[list[bytes]], label: str) -> dict[str, Any]:
-    from connectors.kafka import COMPRESSION, producer
+    from costline.connectors.kafka import COMPRESSION, producer
 
     total = sum(len(p) for p in parts)
     prod = producer(bootstrap, client_id="costline-bench")
@@ -392,7 +396,7 @@ def unlink_namespaces(redis_url: str, namespaces: list[str]) -> int:
 def delete_namespace(bootstrap: str, redis_url: str, namespaces: list[str]) -> None:
     deleted = unlink_namespaces(redis_url, namespaces)
     try:
-        from connectors.kafka import admin
+        from costline.connectors.kafka import admin
 
         client = admin(bootstrap)
         try:
@@ -492,7 +496,7 @@ def scrape_metrics(port: int) -> dict[str, float]:
 def redis_total(redis_url: str, ns: str, ts_min: float, ts_max: float) -> int:
     from redis import Redis
 
-    from connectors.redis_state import RedisState
+    from costline.connectors.redis_state import RedisState
 
     r = Redis.from_url(redis_url)
     try:
@@ -503,7 +507,7 @@ def redis_total(redis_url: str, ns: str, ts_min: float, ts_max: float) -> int:
 
 
 def watermarks(r: Any, ns: str, partitions: int) -> list[int]:
-    from connectors.redis_keys import slot_tag, wm_key
+    from costline.connectors.redis_keys import slot_tag, wm_key
 
     raw = r.mget([wm_key(slot_tag(ns, "usage", p)) for p in range(partitions)])
     return [-1 if v is None else int(v) for v in raw]
@@ -574,7 +578,7 @@ class Probe:
 async def ceiling(a: argparse.Namespace, probe: Probe) -> None:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from rules.events import Rejection, parse_message
+    from costline.rules.events import Rejection, parse_message
 
     consumer = AIOKafkaConsumer(bootstrap_servers=a.bootstrap, enable_auto_commit=False,
                                 group_id=None, auto_offset_reset="earliest")
@@ -603,12 +607,14 @@ async def ceiling(a: argparse.Namespace, probe: Probe) -> None:
         await consumer.stop()
 
 
+
 def own_group(suffix: str) -> None:
     """Every Faust app built from now on gets its own consumer group: ``<id>-<suffix>``
-    (``faust_app`` builds a ``streams.handoff.App``, or the ``faust.App`` it is given)."""
+    (``faust_app`` builds a ``costline.streams.worker.handoff.App``, or the ``faust.App`` it is
+    given)."""
     import faust
 
-    from streams import handoff
+    from costline.streams.worker import handoff
 
     for module in (faust, handoff):
         base = module.App
@@ -648,8 +654,8 @@ def run_plain(a: argparse.Namespace, probe: Probe) -> None:
     """(b'): ``async for`` over the stream's events, doing nothing with them."""
     import faust
 
-    from streams.app import faust_app
-    from streams.settings import Settings
+    from costline.streams.settings import Settings
+    from costline.streams.worker.app import faust_app
 
     own_group("plain")
     time_first_fetch(a, probe)
@@ -672,13 +678,13 @@ def run_plain(a: argparse.Namespace, probe: Probe) -> None:
 def run_faust(a: argparse.Namespace, probe: Probe, noop: bool) -> None:
     import faust
 
-    from streams.settings import Settings
+    from costline.streams.settings import Settings
 
     if noop:
         own_group("noop")  # same app, settings and agent as the worker
     time_first_fetch(a, probe)
 
-    from streams.app import build_app
+    from costline.streams.worker.app import build_app
 
     extra: dict[str, Any] = {"rules": Path(a.rules)} if a.rules else {}
     settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=a.ns,
@@ -868,11 +874,13 @@ class Bench:
             child.stop()
 
     def run_worker(self, ns: str, topic: str, ends: dict[int, int], tag: str,
-                   profile: str | None = None, rules: Path | None = None) -> dict[str, Any]:
+                   profile: str | None = None, rules: Path | None = None) -> dict[str,
+                   Any]:
         from redis import Redis
 
         label = f"(c) costline worker [{tag}]" + (f" under {profile}" if profile else "")
-        log(f"{label}: streams.app.build_app, done when Redis watermarks reach the end offsets")
+        log(f"{label}: costline.streams.worker.app.build_app, "
+            "done when Redis watermarks reach the end offsets")
         r = Redis.from_url(self.a.redis_url)
         before = redis_info(self.a.redis_url)
         total = sum(ends.values())
@@ -918,8 +926,8 @@ class Bench:
     # -- the whole run --------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        from streams.settings import Settings
-        from streams.topics import create_topics
+        from costline.streams.settings import Settings
+        from costline.streams.topics import create_topics
 
         a = self.a
         log(f"run {self.run_id}: {a.events:,} events, {a.tagsets:,} tag sets, "
@@ -1067,8 +1075,8 @@ class Bench:
     def produce_scaling_copy(self, data: DataSet) -> tuple[str, str, dict[int, int]]:
         """The batched copy again, on a topic with ``--scale-partitions`` partitions (an even
         split for 1, 2 and 3 workers with the default 6)."""
-        from streams.settings import Settings
-        from streams.topics import create_topics
+        from costline.streams.settings import Settings
+        from costline.streams.topics import create_topics
 
         a = self.a
         ns = f"{self.run_id}x"
@@ -1367,7 +1375,7 @@ def group_figures(run: dict[str, Any], events: int, events_by_partition: list[in
 
 
 def delete_groups(bootstrap: str, groups: list[str]) -> None:
-    from connectors.kafka import admin
+    from costline.connectors.kafka import admin
 
     client = admin(bootstrap)
     try:
@@ -1402,7 +1410,7 @@ IDLE_LEAVES = ("EpollSelector.select (selectors.py", "_wait_for_tstate_lock (thr
 # Where a busy sample belongs: the first marker found in its stack names its phase.
 PHASES = (
     ("Evaluator.", "rule evaluation (to_thread, leader)"),
-    ("parse_message (", "parse: rules.events.parse_message (pydantic)"),
+    ("parse_message (", "parse: costline.rules.events.parse_message (pydantic)"),
     ("Folder.price (", "price: Folder.price / PriceBook.charge"),
     ("Folder.fold (", "fold: Folder.fold (tag sets, sums, digests)"),
     ("BatchWriter.", "Redis write: BatchWriter (build, msgpack, client)"),
@@ -1706,7 +1714,7 @@ def worker_counts(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from streams.settings import Settings
+    from costline.streams.settings import Settings
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

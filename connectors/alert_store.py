@@ -12,8 +12,8 @@ import time
 
 from redis import Redis
 
-from rules.alerts import AlertBook
-from rules.silences import Silence, unexpired
+from costline.rules.alerts import AlertBook
+from costline.rules.silences import Silence, unexpired
 
 
 class AlertStore:

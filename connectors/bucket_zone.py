@@ -1,6 +1,7 @@
 """The time zone a namespace's daily buckets are named in, recorded in its meta hash.
 
-A daily bucket is named by a local date (``connectors.redis_keys``), so a reader must choose
+A daily bucket is named by a local date (``costline.connectors.redis_keys``), so a reader must
+choose
 buckets in the zone they were written in, not in its own. The worker records its zone before
 it counts anything and refuses to count in another one: changing ``COSTLINE_TIMEZONE`` under
 existing buckets would otherwise split days across two calendars without anyone noticing.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from redis import Redis
 
-from connectors.redis_keys import meta_key
+from costline.connectors.redis_keys import meta_key
 
 ZONE_FIELD = "bucket_timezone"
 

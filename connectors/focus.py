@@ -35,8 +35,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, cast
 
-from rules.events import MAX_FUTURE_S, MAX_TAGS, Category, UsageEvent
-from rules.prices import MICRO, Billing, Price, PriceBook, format_micro, to_micro
+from costline.rules.events import MAX_FUTURE_S, MAX_TAGS, Category, UsageEvent
+from costline.rules.prices import MICRO, Billing, Price, PriceBook, format_micro, to_micro
 
 MAX_TAG_VALUE = 256
 MAX_RESOURCE_ID = 256

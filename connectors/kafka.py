@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.kafka_security import PLAINTEXT, KafkaSecurity
+from costline.connectors.kafka_security import PLAINTEXT, KafkaSecurity
 
 API_VERSIONS_KEY = 18
 TOPIC_ALREADY_EXISTS = 36

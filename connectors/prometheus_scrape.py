@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rules.events import (
+from costline.rules.events import (
     MAX_TAGS,
     Name,
     ResourceType,
@@ -36,8 +36,8 @@ from rules.events import (
     UsageEvent,
     UtilizationEvent,
 )
-from rules.prices import PriceBook
-from rules.yaml_source import Document, SourceError, SourceInvalid, load_document
+from costline.rules.prices import PriceBook
+from costline.rules.yaml_source import Document, SourceError, SourceInvalid, load_document
 
 ACCEPT = "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;version=1.0.0;q=0.5"
 MAX_PAGE_BYTES = 64 * 1024 * 1024

@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol
 
 from redis.asyncio import Redis
 
-from rules.reclaim import Keep, Plan, PlanState, Tracked
+from costline.rules.reclaim import Keep, Plan, PlanState, Tracked
 
 ClaimResult = Literal["claimed", "taken", "paused"]
 HOUR_S = 3600

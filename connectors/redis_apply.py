@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 from redis.asyncio import Redis
 
-from connectors.redis_keys import (
+from costline.connectors.redis_keys import (
     USAGE,
     Calendar,
     FirstsLogSize,
@@ -28,7 +28,7 @@ from connectors.redis_keys import (
     slots_key,
     wm_key,
 )
-from rules.tally import COST, QUANTITY, WASTE_PREFIX, Tally
+from costline.rules.tally import COST, QUANTITY, WASTE_PREFIX, Tally
 
 HISTORY_S = 86400
 # The most a bucket field may hold, in micro-units (Redis integers stop at 2^63 - 1; the script

@@ -7,7 +7,8 @@ listed in ``NS:slots``.
 
 The keys, their types and how long they live are listed in ``docs/STATE.md``.
 
-Daily buckets are local dates in the zone the namespace records (``connectors.bucket_zone``);
+Daily buckets are local dates in the zone the namespace records
+(``costline.connectors.bucket_zone``);
 hourly and 5-minute buckets are UTC-aligned. Every zone's offset is a whole number of quarter
 hours today, so 5-minute slots align with every local midnight and any calendar period is
 covered exactly.

@@ -1,10 +1,11 @@
 """The read side of the Redis state: spend, waste and usage per group over any interval.
 
 Implements the rule engine's ``StateView`` (and its optional history, cell, hour-mark and
-fault views) by summing the buckets that ``connectors.redis_keys.cover`` picks, over every
+fault views) by summing the buckets that ``costline.connectors.redis_keys.cover`` picks, over every
 partition slot.
 
-Daily buckets are chosen in the zone the worker recorded (``connectors.bucket_zone``), not in
+Daily buckets are chosen in the zone the worker recorded (``costline.connectors.bucket_zone``), not
+in
 the reader's own: the reader's zone only decides which period is asked for.
 """
 
@@ -19,8 +20,8 @@ from typing import Any, cast
 from pydantic_core import from_json
 from redis import Redis
 
-from connectors import bucket_zone
-from connectors.redis_keys import (
+from costline.connectors import bucket_zone
+from costline.connectors.redis_keys import (
     LEGACY_USAGE,
     USAGE,
     Calendar,
@@ -39,8 +40,8 @@ from connectors.redis_keys import (
     tagsets_key,
     util_key,
 )
-from rules.events import FaultEvent
-from rules.state import (
+from costline.rules.events import FaultEvent
+from costline.rules.state import (
     Dimensions,
     FaultRecord,
     Group,

@@ -1,6 +1,7 @@
 """The spend report as one self-contained HTML page: inline CSS, inline SVG, no scripts.
 
-``render(report)`` turns the data gathered by ``streams.report`` into a page that opens from
+``render(report)`` turns the data gathered by ``costline.streams.cli.report`` into a page that
+opens from
 disk, prints, and can be mailed as an attachment: nothing is fetched (a Content-Security-Policy
 forbids it), nothing runs. Every chart is an ``<svg role="img">`` with a ``<title>`` and an
 ``aria-label``, followed by a ``<details>`` table of the same figures for screen readers and
@@ -18,8 +19,8 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from html import escape
 from zoneinfo import ZoneInfo
 
-from rules.durations import rfc3339
-from rules.prices import format_micro
+from costline.rules.durations import rfc3339
+from costline.rules.prices import format_micro
 
 TOP_SPENDERS = 10
 """Bars per top-spender chart; the rest is summed into one table row."""

@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from slack_sdk.signature import Clock, SignatureVerifier
 
-from connectors.slack_render import (
+from costline.connectors.slack_render import (
     APPROVE_ACTION,
     DIGEST_MENU_ACTION,
     KEEP_ACTION,

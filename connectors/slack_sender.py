@@ -48,8 +48,8 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
-from connectors.slack_ledger import Member, SlackLedger, StepState, ThreadRef
-from connectors.slack_render import (
+from costline.connectors.slack_ledger import Member, SlackLedger, StepState, ThreadRef
+from costline.connectors.slack_render import (
     AlertChange,
     Block,
     InvalidAlertRecord,

@@ -10,7 +10,7 @@ prints each message as plain text.
 Channel lookup follows Slack: ``chat.postMessage`` takes a name (``#ml-platform`` or
 ``ml-platform``) or an id; ``chat.update`` and ``conversations.info`` take an id only.
 
-Run on its own: ``python -m connectors.slack_server --port 8099 --echo``.
+Run on its own: ``python -m costline.connectors.slack_server --port 8099 --echo``.
 """
 
 from __future__ import annotations
@@ -582,7 +582,7 @@ class LocalSlackThread:
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m connectors.slack_server",
+    parser = argparse.ArgumentParser(prog="python -m costline.connectors.slack_server",
                                      description="Local Slack-compatible Web API for costline.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8099)

@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.focus import tag_key, tag_value
-from rules.events import MAX_TAGS, UsageEvent
-from rules.prices import PriceBook
+from costline.connectors.focus import tag_key, tag_value
+from costline.rules.events import MAX_TAGS, UsageEvent
+from costline.rules.prices import PriceBook
 
 SQUEUE = ("squeue", "--all", "--json")
 COUNTED_STATES = frozenset({"RUNNING"})

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
-from rules.durations import format_duration, rfc3339
+from costline.rules.durations import format_duration, rfc3339
 
 State = Literal["pending", "firing"]
 Shown = Literal["inactive", "pending", "firing", "silenced", "resolved"]

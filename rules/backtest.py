@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rules.alerts import AlertBook
-from rules.engine import Engine
-from rules.events import AnyEvent, Parsed, parse_message
-from rules.memory_state import InMemoryState
-from rules.prices import PricingError
-from rules.state import BUCKET_S, align_down
+from costline.rules.alerts import AlertBook
+from costline.rules.engine import Engine
+from costline.rules.events import AnyEvent, Parsed, parse_message
+from costline.rules.memory_state import InMemoryState
+from costline.rules.prices import PricingError
+from costline.rules.state import BUCKET_S, align_down
 
 
 @dataclass

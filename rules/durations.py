@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import AfterValidator, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from rules.prices import exact, to_micro
+from costline.rules.prices import exact, to_micro
 
 _UNIT_SECONDS = (("w", 604_800), ("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1))
 _DURATION = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")

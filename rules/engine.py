@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rules.alerts import AlertBook, Mute, Observation, Policy, advance
-from rules.durations import rfc3339
-from rules.evaluation_view import EvaluationView
-from rules.findings import Finding, Line
-from rules.inhibit import FAULT_LOOKBACK_S, inhibition_for
-from rules.kept_answers import KeptAnswers
-from rules.kinds import Rule
-from rules.loader import RuleSet, load_rules
-from rules.prices import PriceBook, format_micro
-from rules.silences import Silence, silence_for
-from rules.state import FaultHistory, FaultRecord, StateView
+from costline.rules.alerts import AlertBook, Mute, Observation, Policy, advance
+from costline.rules.durations import rfc3339
+from costline.rules.evaluation_view import EvaluationView
+from costline.rules.findings import Finding, Line
+from costline.rules.inhibit import FAULT_LOOKBACK_S, inhibition_for
+from costline.rules.kept_answers import KeptAnswers
+from costline.rules.kinds import Rule
+from costline.rules.loader import RuleSet, load_rules
+from costline.rules.prices import PriceBook, format_micro
+from costline.rules.silences import Silence, silence_for
+from costline.rules.state import FaultHistory, FaultRecord, StateView
 
 
 def group_hash(group: Mapping[str, str]) -> str:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rules.first_buckets import FirstBuckets, earliest_by_group, earliest_by_values
-from rules.kept_answers import KeptAnswers, Question, split_rows
-from rules.state import (
+from costline.rules.first_buckets import FirstBuckets, earliest_by_group, earliest_by_values
+from costline.rules.kept_answers import KeptAnswers, Question, split_rows
+from costline.rules.state import (
     CellView,
     Dimensions,
     FirstsLog,

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from rules.durations import rfc3339
-from rules.prices import MICRO
-from rules.state import Group, Measure, StateView
+from costline.rules.durations import rfc3339
+from costline.rules.prices import MICRO
+from costline.rules.state import Group, Measure, StateView
 
 TOP_N = 3
 CONTRIBUTOR_KEYS = ("job", "project", "team", "resource_type")

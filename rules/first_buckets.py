@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from rules.state import Dimensions, Group, Measure, group_of, matches, needed_keys
+from costline.rules.state import Dimensions, Group, Measure, group_of, matches, needed_keys
 
 Keys = tuple[str, ...]
 MatchItems = tuple[tuple[str, str], ...]

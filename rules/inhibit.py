@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rules.durations import rfc3339
-from rules.state import FaultRecord
+from costline.rules.durations import rfc3339
+from costline.rules.state import FaultRecord
 
 FAULT_LOOKBACK_S = 86_400
 """How far back the engine asks for faults: longer than any real recovery window."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from rules.first_buckets import FirstBuckets
-from rules.state import FirstsLog, Group, HourMarks, Measure, StateView
+from costline.rules.first_buckets import FirstBuckets
+from costline.rules.state import FirstsLog, Group, HourMarks, Measure, StateView
 
 HOUR_S = 3600
 HOT_S = 3600

@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.json_schema import models_json_schema
 
-from rules.kinds import KINDS, Rule
-from rules.yaml_source import Document, SourceError, SourceInvalid, load_document
+from costline.rules.kinds import KINDS, Rule
+from costline.rules.yaml_source import Document, SourceError, SourceInvalid, load_document
 
 RULE_SUFFIXES = (".yaml", ".yml")
 SCHEMA_ID = "https://costline.dev/schemas/rules.json"

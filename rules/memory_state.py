@@ -12,9 +12,9 @@ import bisect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rules.events import AnyEvent, FaultEvent, UsageEvent, UtilizationEvent
-from rules.prices import PriceBook, exact, to_micro
-from rules.state import (
+from costline.rules.events import AnyEvent, FaultEvent, UsageEvent, UtilizationEvent
+from costline.rules.prices import PriceBook, exact, to_micro
+from costline.rules.state import (
     BUCKET_S,
     FaultRecord,
     Group,

@@ -16,8 +16,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from rules.events import Category, FaultEvent, UsageEvent
-from rules.yaml_source import SourceInvalid, load_document
+from costline.rules.events import Category, FaultEvent, UsageEvent
+from costline.rules.yaml_source import SourceInvalid, load_document
 
 MICRO = 1_000_000
 # The most one event may add, in micro-units (a billion of the currency, or of a unit): sums

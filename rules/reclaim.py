@@ -24,11 +24,11 @@ from zoneinfo import ZoneInfo
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
-from rules.durations import TimeZoneName, format_duration, rfc3339
-from rules.findings import ReclaimRequest
-from rules.kinds.idle import ConnectorParams, IdleRule
-from rules.prices import PriceBook, exact, format_micro, to_micro
-from rules.state import ResourceSamples
+from costline.rules.durations import TimeZoneName, format_duration, rfc3339
+from costline.rules.findings import ReclaimRequest
+from costline.rules.kinds.idle import ConnectorParams, IdleRule
+from costline.rules.prices import PriceBook, exact, format_micro, to_micro
+from costline.rules.state import ResourceSamples
 
 Step = Literal["planned", "warned", "executed", "skipped", "failed"]
 PlanState = Literal["planned", "warned", "executing", "closed"]

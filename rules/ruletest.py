@@ -36,16 +36,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from rules.alerts import AlertBook
-from rules.durations import PositiveDuration, TimeZoneName, parse_time
-from rules.engine import Engine
-from rules.events import AnyEvent, Event
-from rules.loader import RuleSet, load_rules
-from rules.memory_state import InMemoryState
-from rules.prices import PriceBook, PricingError
-from rules.silences import Silence
-from rules.state import BUCKET_S, align_down
-from rules.yaml_source import Document, SourceError, SourceInvalid, load_document
+from costline.rules.alerts import AlertBook
+from costline.rules.durations import PositiveDuration, TimeZoneName, parse_time
+from costline.rules.engine import Engine
+from costline.rules.events import AnyEvent, Event
+from costline.rules.loader import RuleSet, load_rules
+from costline.rules.memory_state import InMemoryState
+from costline.rules.prices import PriceBook, PricingError
+from costline.rules.silences import Silence
+from costline.rules.state import BUCKET_S, align_down
+from costline.rules.yaml_source import Document, SourceError, SourceInvalid, load_document
 
 TimeValue = Annotated[AwareDatetime | float | int, Field(union_mode="left_to_right")]
 _EVENT = TypeAdapter(Event)

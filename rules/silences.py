@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from rules.state import matches
+from costline.rules.state import matches
 
 
 @dataclass(frozen=True)

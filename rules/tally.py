@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _quoted
 from typing import Any
 
-from rules.events import AnyEvent, FaultEvent, UsageEvent, UtilizationEvent
-from rules.prices import Charge, PriceBook, PricingError
+from costline.rules.events import AnyEvent, FaultEvent, UsageEvent, UtilizationEvent
+from costline.rules.prices import Charge, PriceBook, PricingError
 
 SLOT_S = 300
 PSEUDO_TAGS = ("category", "resource_type", "billing")

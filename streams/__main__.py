@@ -1,5 +1,5 @@
-"""``python -m streams`` is ``costline``."""
+"""``python -m costline.streams`` is ``costline``."""
 
-from streams.cli import main
+from costline.streams.cli.root import main
 
 main()

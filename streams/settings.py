@@ -2,7 +2,7 @@
 operational knobs behind them.
 
 Every field can be set from the environment (``COSTLINE_*``; the Slack ones keep their own
-names); seven also have an option of the root command (``streams.cli``). Secrets are
+names); seven also have an option of the root command (``costline.streams.cli.root``). Secrets are
 ``SecretStr``: their repr is masked, so printing the settings object never reveals them.
 """
 
@@ -27,8 +27,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.connection import parse_url
 
-import rules
-from connectors.kafka_security import KafkaSecurity, KafkaSecurityError
+from costline import rules
+from costline.connectors.kafka_security import KafkaSecurity, KafkaSecurityError
 
 RULES_PACKAGE = Path(rules.__file__).parent
 DEFAULT_RULES = RULES_PACKAGE / "definitions"

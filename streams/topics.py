@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from connectors.kafka import TopicSpec, admin, check_login, consumer, ensure_topics
-from connectors.kafka_security import PLAINTEXT, KafkaSecurity
-from streams.settings import Settings
+from costline.connectors.kafka import TopicSpec, admin, check_login, consumer, ensure_topics
+from costline.connectors.kafka_security import PLAINTEXT, KafkaSecurity
+from costline.streams.settings import Settings
 
 INPUTS = ("usage", "faults")
 OUTPUTS = ("alerts", "actions", "dlq")

@@ -22,7 +22,7 @@ from typing import NoReturn
 import pytest
 import redis
 
-from connectors.kafka import KafkaUnavailable, api_versions
+from costline.connectors.kafka import KafkaUnavailable, api_versions
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -89,7 +89,7 @@ def namespace() -> str:
 def kafka_namespace(kafka_bootstrap: str, namespace: str) -> Iterator[str]:
     """``namespace``, with its topics deleted afterwards so a shared broker does not fill up."""
     yield namespace
-    from connectors.kafka import admin
+    from costline.connectors.kafka import admin
 
     client = admin(kafka_bootstrap, timeout_s=10.0)
     try:
@@ -121,11 +121,11 @@ def forget_redis_keys(url: str, namespace: str) -> None:
 def stack_state_dir(kafka_bootstrap: str, redis_url: str) -> Path:
     """The state folder of the ``costline stack`` that runs the services under test.
 
-    Tests that restart Kafka or Redis mid-stream use it with ``streams.stack.restart``;
+    Tests that restart Kafka or Redis mid-stream use it with ``costline.streams.stack.restart``;
     services that a costline stack did not start cannot be restarted, so such a test is
     unavailable there.
     """
-    from streams import stack
+    from costline.streams import stack
 
     folder = os.environ.get("COSTLINE_STATE_DIR")
     if not folder:

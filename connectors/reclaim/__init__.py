@@ -24,10 +24,10 @@ from typing import Annotated, ClassVar, Literal, TypeVar
 
 from pydantic import Field, PlainSerializer
 
-from rules.durations import PositiveDuration, format_duration
-from rules.findings import ReclaimRequest
-from rules.kinds.idle import connector
-from rules.reclaim import Outcome, Plan, ReclaimParams
+from costline.rules.durations import PositiveDuration, format_duration
+from costline.rules.findings import ReclaimRequest
+from costline.rules.kinds.idle import connector
+from costline.rules.reclaim import Outcome, Plan, ReclaimParams
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 """The name of an environment variable that holds a secret (never the secret itself)."""
@@ -114,4 +114,4 @@ async def real_sleep(seconds: float) -> None:
 
 
 # Importing the connector modules fills RECLAIMERS (and the rule kinds' connector registry).
-from connectors.reclaim import dry_run, kubernetes, slurm, webhook  # noqa: E402,F401
+from costline.connectors.reclaim import dry_run, kubernetes, slurm, webhook  # noqa: E402,F401

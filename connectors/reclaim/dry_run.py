@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from connectors.reclaim import ReclaimConnector, reclaimer
-from rules.findings import ReclaimRequest
-from rules.reclaim import Outcome, Plan, ReclaimParams
+from costline.connectors.reclaim import ReclaimConnector, reclaimer
+from costline.rules.findings import ReclaimRequest
+from costline.rules.reclaim import Outcome, Plan, ReclaimParams
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AnyHttpUrl, Field
 
-from connectors.reclaim import (
+from costline.connectors.reclaim import (
     EnvName,
     NotReclaimable,
     ReclaimConnector,
@@ -39,8 +39,8 @@ from connectors.reclaim import (
     reclaimer,
     secret_from_env,
 )
-from rules.findings import ReclaimRequest
-from rules.reclaim import Outcome, Plan, ReclaimParams
+from costline.rules.findings import ReclaimRequest
+from costline.rules.reclaim import Outcome, Plan, ReclaimParams
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RESOURCE_FORM = re.compile(r"^k8s/([^/]+)/([^/]+)/([^/]+)$")

@@ -18,10 +18,16 @@ from typing import Literal
 
 from pydantic import Field
 
-from connectors.reclaim import NotReclaimable, ReclaimConnector, Sleep, real_sleep, reclaimer
-from rules.findings import ReclaimRequest
-from rules.kinds import DimensionKey
-from rules.reclaim import Outcome, Plan, ReclaimParams, target_change
+from costline.connectors.reclaim import (
+    NotReclaimable,
+    ReclaimConnector,
+    Sleep,
+    real_sleep,
+    reclaimer,
+)
+from costline.rules.findings import ReclaimRequest
+from costline.rules.kinds import DimensionKey
+from costline.rules.reclaim import Outcome, Plan, ReclaimParams, target_change
 
 DEFAULT_JOB_ID_TAG = "slurm_job_id"
 JOB_ID = re.compile(r"^\d+(?:_\d+)?$")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import AnyHttpUrl, Field
 
-from connectors.reclaim import (
+from costline.connectors.reclaim import (
     EnvName,
     NotReclaimable,
     ReclaimConnector,
@@ -35,9 +35,9 @@ from connectors.reclaim import (
     reclaimer,
     secret_from_env,
 )
-from rules.durations import rfc3339
-from rules.findings import ReclaimRequest
-from rules.reclaim import Outcome, Plan, ReclaimParams
+from costline.rules.durations import rfc3339
+from costline.rules.findings import ReclaimRequest
+from costline.rules.reclaim import Outcome, Plan, ReclaimParams
 
 if TYPE_CHECKING:
     import aiohttp

@@ -17,9 +17,9 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from rules.durations import Duration, PositiveDuration
-from rules.findings import Finding
-from rules.state import StateView
+from costline.rules.durations import Duration, PositiveDuration
+from costline.rules.findings import Finding
+from costline.rules.state import StateView
 
 RULE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 RuleName = Annotated[str, Field(pattern=RULE_NAME_PATTERN, max_length=128)]
@@ -162,4 +162,4 @@ def example_of(cls: type[Rule]) -> str | None:
 
 
 # Importing the kind modules fills KINDS.
-from rules.kinds import budget, fault_waste, growth, idle, log_explosion  # noqa: E402,F401
+from costline.rules.kinds import budget, fault_waste, growth, idle, log_explosion  # noqa: E402,F401

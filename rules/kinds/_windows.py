@@ -14,8 +14,8 @@ from decimal import ROUND_CEILING, Decimal
 from pydantic import ValidationInfo
 from pydantic_core import PydanticCustomError
 
-from rules.findings import per_hour
-from rules.state import Group, HistoryView, Measure, StateView, align_down, narrowed
+from costline.rules.findings import per_hour
+from costline.rules.state import Group, HistoryView, Measure, StateView, align_down, narrowed
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
-from rules.durations import Money, Period, TimeZoneName, period_bounds, rfc3339
-from rules.findings import (
+from costline.rules.durations import Money, Period, TimeZoneName, period_bounds, rfc3339
+from costline.rules.findings import (
     Finding,
     Forecast,
     Line,
@@ -21,8 +21,8 @@ from rules.findings import (
     money_text,
     top_contributors,
 )
-from rules.kinds import ZONE_FIELD, Rule, configured_zone, kind
-from rules.state import Group, StateView, align_down, through
+from costline.rules.kinds import ZONE_FIELD, Rule, configured_zone, kind
+from costline.rules.state import Group, StateView, align_down, through
 
 FORECAST_WINDOW_S = 6 * 3600
 FORECAST_MIN_HISTORY_S = 3600

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from rules.durations import Money, Period, TimeZoneName, period_bounds
-from rules.findings import (
+from costline.rules.durations import Money, Period, TimeZoneName, period_bounds
+from costline.rules.findings import (
     Finding,
     Line,
     fraction_of,
@@ -18,8 +18,8 @@ from rules.findings import (
     money_text,
     top_contributors,
 )
-from rules.kinds import ZONE_FIELD, Rule, configured_zone, kind
-from rules.state import Group, StateView, narrowed, through
+from costline.rules.kinds import ZONE_FIELD, Rule, configured_zone, kind
+from costline.rules.state import Group, StateView, narrowed, through
 
 SHARE_LINE = "max_share"
 WASTE_LINE = "max_waste"

@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator
 
-from rules.durations import Money, WindowDuration, format_duration
-from rules.findings import (
+from costline.rules.durations import Money, WindowDuration, format_duration
+from costline.rules.findings import (
     Finding,
     Line,
     amount_text,
@@ -17,9 +17,9 @@ from rules.findings import (
     money_text,
     top_contributors,
 )
-from rules.kinds import Rule, kind
-from rules.kinds._windows import WindowComparison, baseline_covers_window, compare_windows
-from rules.state import StateView
+from costline.rules.kinds import Rule, kind
+from costline.rules.kinds._windows import WindowComparison, baseline_covers_window, compare_windows
+from costline.rules.state import StateView
 
 GROWTH_LINE = "growth"
 BASELINE_LINE = "baseline"

@@ -24,11 +24,11 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
-from rules.durations import Duration, PositiveDuration, format_duration
-from rules.findings import Finding, Line, ReclaimRequest, amount_text
-from rules.kinds import DimensionKey, Glob, Rule, kind
-from rules.prices import exact, to_micro
-from rules.state import ResourceSamples, StateView
+from costline.rules.durations import Duration, PositiveDuration, format_duration
+from costline.rules.findings import Finding, Line, ReclaimRequest, amount_text
+from costline.rules.kinds import DimensionKey, Glob, Rule, kind
+from costline.rules.prices import exact, to_micro
+from costline.rules.state import ResourceSamples, StateView
 
 IDLE_LINE = "idle"
 MetricName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]

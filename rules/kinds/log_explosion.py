@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from rules.durations import Money, WindowDuration, format_duration
-from rules.findings import (
+from costline.rules.durations import Money, WindowDuration, format_duration
+from costline.rules.findings import (
     Finding,
     Line,
     labels_text,
@@ -18,9 +18,9 @@ from rules.findings import (
     per_hour,
     top_contributors,
 )
-from rules.kinds import Rule, kind
-from rules.kinds._windows import WindowComparison, baseline_covers_window, compare_windows
-from rules.state import StateView
+from costline.rules.kinds import Rule, kind
+from costline.rules.kinds._windows import WindowComparison, baseline_covers_window, compare_windows
+from costline.rules.state import StateView
 
 OBSERVABILITY = {"category": "observability"}
 GROWTH_LINE = "growth"

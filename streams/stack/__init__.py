@@ -10,8 +10,8 @@ plain functions over a state folder::
 
 from __future__ import annotations
 
-from streams.stack import brokers, stores  # noqa: F401 - fill the service registry
-from streams.stack.control import (
+from costline.streams.stack import brokers, stores  # noqa: F401 - fill the service registry
+from costline.streams.stack.control import (
     ServiceState,
     StackInfo,
     down,
@@ -21,8 +21,8 @@ from streams.stack.control import (
     stop,
     up,
 )
-from streams.stack.errors import StackError
-from streams.stack.services import SERVICES, flavors
+from costline.streams.stack.errors import StackError
+from costline.streams.stack.services import SERVICES, flavors
 
 __all__ = [
     "SERVICES",

@@ -16,10 +16,10 @@ import uuid
 from pathlib import Path
 from typing import ClassVar
 
-from connectors.kafka import KafkaUnavailable, api_versions
-from streams.stack.errors import StackError
-from streams.stack.maven import ensure_kafka_jars
-from streams.stack.services import Service, register, require_binary
+from costline.connectors.kafka import KafkaUnavailable, api_versions
+from costline.streams.stack.errors import StackError
+from costline.streams.stack.maven import ensure_kafka_jars
+from costline.streams.stack.services import Service, register, require_binary
 
 
 class _KafkaService(Service):

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from streams.stack.errors import StackError
-from streams.stack.layout import Layout
-from streams.stack.process import (
+from costline.streams.stack.errors import StackError
+from costline.streams.stack.layout import Layout
+from costline.streams.stack.process import (
     ProcessRecord,
     free_port,
     is_running,
@@ -27,7 +27,7 @@ from streams.stack.process import (
     wait_until,
     write_json,
 )
-from streams.stack.services import SERVICES, Service, service_for
+from costline.streams.stack.services import SERVICES, Service, service_for
 
 Report = Callable[[str], None]
 LOOPBACK = "127.0.0.1"

@@ -14,10 +14,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from streams.stack.errors import StackError
-from streams.stack.layout import file_lock
-from streams.stack.process import log_tail
-from streams.stack.services import require_binary
+from costline.streams.stack.errors import StackError
+from costline.streams.stack.layout import file_lock
+from costline.streams.stack.process import log_tail
+from costline.streams.stack.services import require_binary
 
 POM = Path(__file__).parent / "apache-kafka" / "pom.xml"
 MARKER = ".costline-complete"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from streams.stack.errors import StackError
+from costline.streams.stack.errors import StackError
 
 _LAUNCHER = """\
 import subprocess, sys

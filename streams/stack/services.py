@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from streams.stack.errors import StackError
-from streams.stack.layout import Layout
+from costline.streams.stack.errors import StackError
+from costline.streams.stack.layout import Layout
 
 ROLES = ("kafka", "redis")
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import redis
 
-from streams.stack.services import Service, register, require_binary
+from costline.streams.stack.services import Service, register, require_binary
 
 
 class _RedisService(Service):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from streams import stack
-from streams.settings import Settings
-from streams.stack.maven import ensure_kafka_jars
-from streams.stack.process import ProcessRecord, is_running, read_record
+from costline.streams import stack
+from costline.streams.settings import Settings
+from costline.streams.stack.maven import ensure_kafka_jars
+from costline.streams.stack.process import ProcessRecord, is_running, read_record
 from tests.conftest import unavailable
 from tests.integration.redis_writer import redis_writer  # noqa: F401 - a fixture
 

@@ -10,13 +10,13 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from connectors import bucket_zone
-from connectors.redis_apply import Applied, BatchWriter
-from connectors.redis_keys import Calendar, slot_tag
-from rules.events import AnyEvent
-from rules.prices import PriceBook
-from rules.tally import Folder, Tally
-from streams.settings import DEFAULT_PRICES
+from costline.connectors import bucket_zone
+from costline.connectors.redis_apply import Applied, BatchWriter
+from costline.connectors.redis_keys import Calendar, slot_tag
+from costline.rules.events import AnyEvent
+from costline.rules.prices import PriceBook
+from costline.rules.tally import Folder, Tally
+from costline.streams.settings import DEFAULT_PRICES
 from tests.conftest import forget_redis_keys
 
 ZONE = "UTC"  # the worker's COSTLINE_TIMEZONE

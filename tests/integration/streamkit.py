@@ -21,7 +21,7 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from redis import Redis
 
-from rules.prices import PriceBook, exact, to_micro
+from costline.rules.prices import PriceBook, exact, to_micro
 
 REPO = Path(__file__).resolve().parents[2]
 PRICES = PriceBook.load(REPO / "rules" / "prices" / "example.yaml")
@@ -46,7 +46,7 @@ class Worker:
         self.starts += 1
         handle = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams", "worker", "--loglevel", "warning"],
+            [sys.executable, "-m", "costline.streams", "worker", "--loglevel", "warning"],
             cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -88,8 +88,8 @@ def worker_env(namespace: str, bootstrap: str, redis_url: str, **extra: str) -> 
 
 def run_cli(env: Mapping[str, str], *args: str, timeout: float = 120
             ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "streams", *args], cwd=REPO, env=dict(env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "costline.streams", *args], cwd=REPO,
+                          env=dict(env), capture_output=True, text=True, timeout=timeout)
 
 
 def cli_json(env: Mapping[str, str], *args: str) -> Any:

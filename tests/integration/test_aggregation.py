@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.conftest import unavailable
 from tests.integration.streamkit import (
     Ledger,
@@ -193,7 +193,7 @@ def test_batches_of_every_kafka_codec_are_counted(services, worker, namespace):
     reads them (and costline's own producers use one it reads)."""
     from aiokafka import AIOKafkaProducer
 
-    from connectors.kafka import producer
+    from costline.connectors.kafka import producer
 
     rng, ledger = random.Random(5), Ledger()
     topic = f"{namespace}.usage.v1"

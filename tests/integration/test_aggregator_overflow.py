@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from connectors.redis_apply import BatchWriter
-from connectors.redis_keys import bucket_key, slot_tag
-from rules.prices import PriceBook
-from rules.tally import Folder
-from streams.aggregator import Aggregator
-from streams.health import Health
-from streams.metrics import Metrics
-from streams.settings import DEFAULT_PRICES
+from costline.connectors.redis_apply import BatchWriter
+from costline.connectors.redis_keys import bucket_key, slot_tag
+from costline.rules.prices import PriceBook
+from costline.rules.tally import Folder
+from costline.streams.settings import DEFAULT_PRICES
+from costline.streams.worker.aggregator import Aggregator
+from costline.streams.worker.health import Health
+from costline.streams.worker.metrics import Metrics
 from tests.integration.redis_writer import Writer
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.integration.streamkit import Worker, cli_json, produce, worker_env
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from rules.durations import parse_time
-from rules.state import BUCKET_S, align_down
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.rules.durations import parse_time
+from costline.rules.state import BUCKET_S, align_down
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.integration.streamkit import Worker, produce, run_cli, worker_env
 
 pytestmark = pytest.mark.integration

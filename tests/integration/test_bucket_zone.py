@@ -14,10 +14,10 @@ import typer
 from redis import Redis
 from typer.testing import CliRunner
 
-from connectors import bucket_zone
-from streams.cli import _register, app
-from streams.commands.worker_cmd import claim_bucket_zone
-from streams.settings import Settings
+from costline.connectors import bucket_zone
+from costline.streams.cli.root import _register, app
+from costline.streams.cli.worker_cmd import claim_bucket_zone
+from costline.streams.settings import Settings
 from tests.conftest import forget_redis_keys
 from tests.integration.redis_writer import Writer
 from tests.unit.rulefiles.builders import at, usage

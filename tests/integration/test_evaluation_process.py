@@ -12,15 +12,15 @@ import pytest
 import redis
 from redis import Redis
 
-import connectors.reclaim  # noqa: F401 - the worker knows every connector
-from connectors.alert_store import AlertStore
-from connectors.redis_state import RedisState
-from rules.engine import Engine, Evaluation
-from rules.loader import RuleSet
-from rules.prices import PriceBook
-from streams.evaluation_process import ProcessRunner
-from streams.evaluator import InlineRunner
-from streams.settings import DEFAULT_PRICES, Settings
+import costline.connectors.reclaim  # noqa: F401 - the worker knows every connector
+from costline.connectors.alert_store import AlertStore
+from costline.connectors.redis_state import RedisState
+from costline.rules.engine import Engine, Evaluation
+from costline.rules.loader import RuleSet
+from costline.rules.prices import PriceBook
+from costline.streams.settings import DEFAULT_PRICES, Settings
+from costline.streams.worker.evaluation_process import ProcessRunner
+from costline.streams.worker.evaluator import InlineRunner
 from tests.conftest import DEFAULT_REDIS_URL
 from tests.integration.redis_writer import Writer
 from tests.integration.streamkit import free_port

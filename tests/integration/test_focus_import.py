@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from connectors.focus import missing_prices, price_book_lines
-from rules.prices import PriceBook
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.connectors.focus import missing_prices, price_book_lines
+from costline.rules.prices import PriceBook
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.integration.streamkit import (
     REPO,
     Worker,

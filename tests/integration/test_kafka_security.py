@@ -23,12 +23,12 @@ from typing import ClassVar
 import pytest
 from redis import Redis
 
-from connectors.kafka import KafkaUnavailable, api_versions, consumer
-from connectors.kafka_security import KafkaSecurity
-from streams.stack import StackError
-from streams.stack.brokers import ApacheKafka, kafka_cluster_id
-from streams.stack.layout import Layout
-from streams.stack.process import free_port, spawn_detached, terminate, wait_until
+from costline.connectors.kafka import KafkaUnavailable, api_versions, consumer
+from costline.connectors.kafka_security import KafkaSecurity
+from costline.streams.stack import StackError
+from costline.streams.stack.brokers import ApacheKafka, kafka_cluster_id
+from costline.streams.stack.layout import Layout
+from costline.streams.stack.process import free_port, spawn_detached, terminate, wait_until
 from tests.conftest import unavailable
 from tests.integration.streamkit import (
     REPO,
@@ -353,7 +353,7 @@ class DebugWorker(Worker):
     def start(self) -> None:
         self.starts += 1
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams", "worker", "--loglevel", "debug"],
+            [sys.executable, "-m", "costline.streams", "worker", "--loglevel", "debug"],
             cwd=REPO, env=self.env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
 

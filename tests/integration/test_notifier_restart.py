@@ -16,13 +16,13 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from connectors.slack_ledger import SlackLedger
-from connectors.slack_render import AlertChange
-from connectors.slack_sender import AMBIGUOUS_MARK, SlackNotifier
-from connectors.slack_server import DEFAULT_TOKEN, LocalSlack, LocalSlackThread
-from rules.engine import alert_id
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.connectors.slack_ledger import SlackLedger
+from costline.connectors.slack_render import AlertChange
+from costline.connectors.slack_sender import AMBIGUOUS_MARK, SlackNotifier
+from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlack, LocalSlackThread
+from costline.rules.engine import alert_id
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.integration.streamkit import Worker, produce, read_all, worker_env
 
 RULES = """

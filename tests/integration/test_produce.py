@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from connectors.kafka import admin
+from costline.connectors.kafka import admin
 
 pytestmark = pytest.mark.integration
 
@@ -149,7 +149,7 @@ def test_topic_option_rejects_events_of_the_other_topic(
 def test_batch_groups_events_into_arrays_keyed_by_their_first_event(
     kafka_bootstrap: str, kafka_namespace: str, tmp_path: Path,
 ) -> None:
-    from connectors.kafka import partition_of
+    from costline.connectors.kafka import partition_of
 
     events = [usage(f"u-{i}") for i in range(40)]
     path = write(tmp_path / "many.jsonl", [line(e) for e in events])

@@ -9,10 +9,10 @@ import pytest
 from redis.asyncio import Redis
 from typer.testing import CliRunner
 
-from connectors.reclaim_ledger import RedisReclaimLedger
-from rules.findings import ReclaimRequest
-from rules.reclaim import make_plan, planned
-from streams.cli import _register, app
+from costline.connectors.reclaim_ledger import RedisReclaimLedger
+from costline.rules.findings import ReclaimRequest
+from costline.rules.reclaim import make_plan, planned
+from costline.streams.cli.root import _register, app
 from tests.integration.slurm import reclaim_redis_url
 
 __all__ = ["reclaim_redis_url"]

@@ -19,10 +19,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from connectors.reclaim import NotReclaimable
-from connectors.reclaim.kubernetes import KubernetesReclaimer
-from rules.findings import ReclaimRequest
-from rules.reclaim import Plan, make_plan
+from costline.connectors.reclaim import NotReclaimable
+from costline.connectors.reclaim.kubernetes import KubernetesReclaimer
+from costline.rules.findings import ReclaimRequest
+from costline.rules.reclaim import Plan, make_plan
 
 TOKEN = "k8s-token-3f9a1c77"
 ENV = {"K8S_TOKEN": TOKEN}

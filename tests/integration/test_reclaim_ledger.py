@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from connectors.reclaim_ledger import Pause, RedisReclaimLedger
-from rules.findings import ReclaimRequest
-from rules.reclaim import ActionRecord, Keep, Plan, make_plan
+from costline.connectors.reclaim_ledger import Pause, RedisReclaimLedger
+from costline.rules.findings import ReclaimRequest
+from costline.rules.reclaim import ActionRecord, Keep, Plan, make_plan
 from tests.integration.slurm import reclaim_redis_url
 
 __all__ = ["reclaim_redis_url"]

@@ -18,18 +18,18 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from connectors.reclaim import build_connectors
-from connectors.reclaim.slurm import Completed, SlurmReclaimer, run_command
-from connectors.reclaim_ledger import RedisReclaimLedger
-from connectors.redis_apply import Applied, BatchWriter
-from connectors.redis_keys import Calendar, slot_tag
-from connectors.redis_state import RedisState
-from rules.events import UtilizationEvent
-from rules.loader import RuleSet, load_rule_text
-from rules.prices import PriceBook
-from rules.tally import Folder, Tally
-from streams.reclaimer import Reclaimer
-from streams.settings import DEFAULT_PRICES
+from costline.connectors.reclaim import build_connectors
+from costline.connectors.reclaim.slurm import Completed, SlurmReclaimer, run_command
+from costline.connectors.reclaim_ledger import RedisReclaimLedger
+from costline.connectors.redis_apply import Applied, BatchWriter
+from costline.connectors.redis_keys import Calendar, slot_tag
+from costline.connectors.redis_state import RedisState
+from costline.rules.events import UtilizationEvent
+from costline.rules.loader import RuleSet, load_rule_text
+from costline.rules.prices import PriceBook
+from costline.rules.tally import Folder, Tally
+from costline.streams.settings import DEFAULT_PRICES
+from costline.streams.worker.reclaimer import Reclaimer
 from tests.integration.slurm import SlurmCluster, reclaim_redis_url, slurm, slurm_up
 
 __all__ = ["reclaim_redis_url", "slurm", "slurm_up"]

@@ -16,16 +16,16 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from connectors.reclaim.webhook import WebhookReclaimer
-from connectors.reclaim_ledger import MemoryReclaimLedger
-from rules.events import UtilizationEvent
-from rules.findings import ReclaimRequest
-from rules.loader import load_rule_text
-from rules.memory_state import InMemoryState
-from rules.prices import PriceBook
-from rules.reclaim import Plan, make_plan
-from streams.reclaimer import Reclaimer
-from streams.settings import DEFAULT_PRICES
+from costline.connectors.reclaim.webhook import WebhookReclaimer
+from costline.connectors.reclaim_ledger import MemoryReclaimLedger
+from costline.rules.events import UtilizationEvent
+from costline.rules.findings import ReclaimRequest
+from costline.rules.loader import load_rule_text
+from costline.rules.memory_state import InMemoryState
+from costline.rules.prices import PriceBook
+from costline.rules.reclaim import Plan, make_plan
+from costline.streams.settings import DEFAULT_PRICES
+from costline.streams.worker.reclaimer import Reclaimer
 
 SECRET = "whsec-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 ENV = {"PLATFORM_RELEASE_SECRET": SECRET}

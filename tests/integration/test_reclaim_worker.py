@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.integration.slurm import SlurmCluster, slurm, slurm_up  # noqa: F401 - fixtures
 from tests.integration.streamkit import Worker, produce, read_all, worker_env
 

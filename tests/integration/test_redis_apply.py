@@ -7,9 +7,15 @@ import random
 
 import pytest
 
-from connectors.redis_apply import Applied, BatchWriter, Duplicates, Overflow
-from connectors.redis_keys import Calendar, bucket_key, first_seen_key, slot_tag, tagsets_key
-from rules.tally import Tally, event_digest, tagset_id, tagset_json
+from costline.connectors.redis_apply import Applied, BatchWriter, Duplicates, Overflow
+from costline.connectors.redis_keys import (
+    Calendar,
+    bucket_key,
+    first_seen_key,
+    slot_tag,
+    tagsets_key,
+)
+from costline.rules.tally import Tally, event_digest, tagset_id, tagset_json
 from tests.integration.redis_writer import Writer
 
 pytestmark = pytest.mark.integration
@@ -144,7 +150,7 @@ async def test_what_is_known_of_tag_sets_stays_in_one_budget_over_all_slots(
         writer: BatchWriter, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The budget is shared: however many partitions the worker owns, it remembers at most
     # the budget plus one batch's new tag sets per slot.
-    monkeypatch.setattr("connectors.redis_apply.KNOWN_TAGSETS_MAX", 60)
+    monkeypatch.setattr("costline.connectors.redis_apply.KNOWN_TAGSETS_MAX", 60)
     slots = [slot_tag(namespace, "usage", p) for p in range(6)]
     teams = [f"t{i}" for i in range(200)]
     for batch in range(8):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from redis import Redis
 
-from connectors.redis_state import _BUCKETS_PER_READ, RedisState
-from rules.durations import period_bounds
+from costline.connectors.redis_state import _BUCKETS_PER_READ, RedisState
+from costline.rules.durations import period_bounds
 from tests.integration.redis_writer import Writer
 from tests.unit.rulefiles.builders import at, usage
 

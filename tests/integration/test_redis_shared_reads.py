@@ -10,19 +10,19 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from connectors.redis_keys import (
+from costline.connectors.redis_keys import (
     FirstsLogSize,
     first_count_key,
     first_log_key,
     first_version_key,
     slot_tag,
 )
-from connectors.redis_state import FirstsAt, RedisState
-from rules.engine import Engine
-from rules.events import AnyEvent
-from rules.kept_answers import KeptAnswers
-from rules.loader import RuleSet
-from rules.state import Dimensions, FaultRecord, Group, Measure, ResourceSamples
+from costline.connectors.redis_state import FirstsAt, RedisState
+from costline.rules.engine import Engine
+from costline.rules.events import AnyEvent
+from costline.rules.kept_answers import KeptAnswers
+from costline.rules.loader import RuleSet
+from costline.rules.state import Dimensions, FaultRecord, Group, Measure, ResourceSamples
 from tests.integration.redis_writer import Writer
 from tests.unit.rulefiles.builders import DAY, HOUR, MIN, T0, fault, rule, usage
 

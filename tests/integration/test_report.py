@@ -24,13 +24,21 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from connectors.reclaim_ledger import RedisReclaimLedger
-from rules.durations import period_bounds
-from rules.findings import ReclaimRequest
-from rules.prices import format_micro
-from rules.reclaim import Outcome, hourly_cost, make_plan, outcome_record, planned, saving, warned
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.connectors.reclaim_ledger import RedisReclaimLedger
+from costline.rules.durations import period_bounds
+from costline.rules.findings import ReclaimRequest
+from costline.rules.prices import format_micro
+from costline.rules.reclaim import (
+    Outcome,
+    hourly_cost,
+    make_plan,
+    outcome_record,
+    planned,
+    saving,
+    warned,
+)
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.conftest import unavailable
 from tests.integration.streamkit import (
     PRICES,

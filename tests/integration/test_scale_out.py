@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.conftest import Services
 from tests.integration.streamkit import (
     Ledger,

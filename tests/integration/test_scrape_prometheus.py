@@ -21,10 +21,10 @@ from aiohttp import web
 from kafka import KafkaConsumer, TopicPartition
 from redis import Redis
 
-from connectors.redis_state import RedisState
-from rules.prices import PriceBook, exact, to_micro
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.connectors.redis_state import RedisState
+from costline.rules.prices import PriceBook, exact, to_micro
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.conftest import unavailable
 from tests.integration.streamkit import (
     REPO,
@@ -191,7 +191,7 @@ def test_node_exporter_load_and_disk_reach_the_worker(
 def test_a_running_scraper_turns_counters_into_usage_and_stops_on_sigterm(
     services: Any, worker: Worker, node_exporter: str,
 ) -> None:
-    command = [sys.executable, "-m", "streams", "scrape", "prometheus", node_exporter,
+    command = [sys.executable, "-m", "costline.streams", "scrape", "prometheus", node_exporter,
                "--map", str(DATA / "node-exporter.yaml"), "--interval", "1", "--json"]
     proc = subprocess.Popen(command, cwd=REPO, env=worker.env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

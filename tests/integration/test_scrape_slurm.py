@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from connectors.slurm_scrape import SlurmJob, parse_squeue, run_squeue
-from rules.prices import PriceBook, exact, to_micro
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.connectors.slurm_scrape import SlurmJob, parse_squeue, run_squeue
+from costline.rules.prices import PriceBook, exact, to_micro
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.conftest import unavailable
 from tests.integration.streamkit import (
     REPO,

@@ -31,10 +31,10 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from connectors.kafka import admin
-from connectors.slack_server import LocalSlack, LocalSlackThread, Message
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.connectors.kafka import admin
+from costline.connectors.slack_server import LocalSlack, LocalSlackThread, Message
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.conftest import unavailable
 from tests.integration.streamkit import REPO, Worker, free_port, produce, read_all, worker_env
 
@@ -92,7 +92,7 @@ class DebugWorker(Worker):
         self.starts += 1
         handle = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams", "worker", "--loglevel", "debug"],
+            [sys.executable, "-m", "costline.streams", "worker", "--loglevel", "debug"],
             cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
             start_new_session=True)
 

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from connectors.slack_actions import (
+from costline.connectors.slack_actions import (
     ActionRequest,
     ApproverPolicy,
     MemoryReplayGuard,

@@ -23,11 +23,11 @@ from urllib.parse import urlencode
 
 import pytest
 
-import streams.app
-from connectors.slack_server import DEFAULT_TOKEN, LocalSlack, LocalSlackThread, Message
-from rules.engine import alert_id
-from streams.settings import Settings
-from streams.topics import create_topics
+import costline.streams.worker.app
+from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlack, LocalSlackThread, Message
+from costline.rules.engine import alert_id
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
 from tests.integration.streamkit import Worker, cli_json, produce, read_all, worker_env
 
 SIGNING_SECRET = "costline-buttons-" + secrets.token_hex(8)
@@ -171,7 +171,7 @@ def cluster(kafka_bootstrap: str, redis_url: str,
     finally:
         worker.stop()
         slack.stop()
-        from connectors.kafka import admin
+        from costline.connectors.kafka import admin
 
         client = admin(kafka_bootstrap, timeout_s=10.0)
         try:
@@ -233,7 +233,7 @@ def test_approve_by_someone_off_the_allow_list_does_nothing_and_says_so(
 
 def _keep_is_wired() -> bool:
     """Keep reaches reclamation only when the worker hands its reclaimer to the buttons."""
-    source = inspect.getsource(streams.app)
+    source = inspect.getsource(costline.streams.worker.app)
     return "ReclaimActions(" in source and "reclaim=" in source
 
 

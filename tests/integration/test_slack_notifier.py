@@ -20,17 +20,17 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from connectors.slack_actions import (
+from costline.connectors.slack_actions import (
     ActionRequest,
     ApproverPolicy,
     RedisReplayGuard,
     add_actions_route,
     make_actions_handler,
 )
-from connectors.slack_ledger import SlackLedger
-from connectors.slack_render import KEEP_ACTION
-from connectors.slack_sender import DeliveryError, SlackNotifier
-from connectors.slack_server import LocalSlack, channel_id
+from costline.connectors.slack_ledger import SlackLedger
+from costline.connectors.slack_render import KEEP_ACTION
+from costline.connectors.slack_sender import DeliveryError, SlackNotifier
+from costline.connectors.slack_server import LocalSlack, channel_id
 from tests.integration.streamkit import configured_or_private_redis
 
 TOKEN = "xoxb-notifier-test-7f3c"
@@ -341,7 +341,7 @@ async def test_at_most_one_message_per_second_per_channel(slack: LocalSlack,
 
 async def test_without_a_token_the_text_is_logged_and_nothing_sent(
         slack: LocalSlack, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="connectors.slack_sender")
+    caplog.set_level(logging.INFO, logger="costline.connectors.slack_sender")
     async with SlackNotifier(token=None, ledger=None, fallback_channel="#alerts",
                              base_url=slack.url) as notifier:
         [delivery] = await notifier.deliver([record()])

@@ -15,7 +15,7 @@ import pytest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from connectors.slack_server import LocalSlack, channel_id, render_terminal
+from costline.connectors.slack_server import LocalSlack, channel_id, render_terminal
 
 TOKEN = "xoxb-test-0000-secret"
 SECTION = {"type": "section", "text": {"type": "mrkdwn", "text": "*hello*"}}
@@ -181,7 +181,7 @@ def free_port() -> int:
 
 def test_runs_as_a_module_on_the_given_port() -> None:
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "connectors.slack_server", "--port",
+    process = subprocess.Popen([sys.executable, "-m", "costline.connectors.slack_server", "--port",
                                 str(port)], stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None

@@ -17,15 +17,20 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from connectors.slack_ledger import SlackLedger
-from connectors.slack_sender import SlackNotifier
-from connectors.slack_server import DEFAULT_TOKEN, LocalSlack, LocalSlackThread, RecordedCall
-from rules.engine import alert_id
-from streams.health import Health
-from streams.metrics import Metrics
-from streams.notifier import deliver_until_done
-from streams.settings import Settings
-from streams.topics import create_topics
+from costline.connectors.slack_ledger import SlackLedger
+from costline.connectors.slack_sender import SlackNotifier
+from costline.connectors.slack_server import (
+    DEFAULT_TOKEN,
+    LocalSlack,
+    LocalSlackThread,
+    RecordedCall,
+)
+from costline.rules.engine import alert_id
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
+from costline.streams.worker.health import Health
+from costline.streams.worker.metrics import Metrics
+from costline.streams.worker.notifier import deliver_until_done
 from tests.integration.streamkit import Worker, produce, worker_env
 
 TOKEN = "xoxb-storm-test"

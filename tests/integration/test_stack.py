@@ -17,9 +17,9 @@ import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from connectors.kafka import TopicSpec, admin, broker_info, ensure_topics
-from streams import stack
-from streams.stack.process import is_running
+from costline.connectors.kafka import TopicSpec, admin, broker_info, ensure_topics
+from costline.streams import stack
+from costline.streams.stack.process import is_running
 from tests.conftest import unavailable
 from tests.integration.conftest import StackUp, pids_of
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 import pytest
 from redis.exceptions import ReadOnlyError
 
-from connectors.redis_apply import Applied, Duplicates, Mismatch, Outcome
-from rules.prices import PriceBook
-from rules.tally import Folder, Tally, event_digest
-from streams.aggregator import Aggregator
-from streams.folding import FoldingPool, ProcessFolding
-from streams.health import Health
-from streams.metrics import Metrics
-from streams.settings import DEFAULT_PRICES
+from costline.connectors.redis_apply import Applied, Duplicates, Mismatch, Outcome
+from costline.rules.prices import PriceBook
+from costline.rules.tally import Folder, Tally, event_digest
+from costline.streams.settings import DEFAULT_PRICES
+from costline.streams.worker.aggregator import Aggregator
+from costline.streams.worker.folding import FoldingPool, ProcessFolding
+from costline.streams.worker.health import Health
+from costline.streams.worker.metrics import Metrics
 
 TOPIC = "t.usage.v1"
 

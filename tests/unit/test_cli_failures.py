@@ -14,9 +14,8 @@ from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from typer.testing import CliRunner, Result
 
-import streams.settings
-from streams.cli import _register, app
-from streams.settings import Settings
+from costline.streams.cli.root import _register, app
+from costline.streams.settings import Settings, without_password
 
 ROOT = Path(__file__).parents[2]
 DEFINITIONS = ROOT / "rules" / "definitions"
@@ -105,7 +104,7 @@ def test_redis_slow_or_loading_is_one_line_too(
     ("redis://h/0?password=pw&ssl_ca_certs=/a/ca.pem", "redis://h/0?password=***&ssl_ca_certs=/a/ca.pem"),
 ])
 def test_urls_are_shown_without_their_password(url: str, shown: str) -> None:
-    assert streams.settings.without_password(url) == shown
+    assert without_password(url) == shown
 
 
 def test_an_unknown_tz_is_a_usage_error(runner: CliRunner) -> None:

@@ -11,7 +11,7 @@ CALLED_OUT = ("kafka", "aiohttp", "aiokafka", "faust")
 
 LOADED = f"""
 import sys
-from streams.cli import _register
+from costline.streams.cli.root import _register
 _register()
 print(" ".join(name for name in {CALLED_OUT!r} if name in sys.modules))
 """

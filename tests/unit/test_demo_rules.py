@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rules.loader import load_rules
-from streams.demo import Demo
-from streams.settings import Settings
+from costline.rules.loader import load_rules
+from costline.streams.demo.run import Demo
+from costline.streams.settings import Settings
 
 
 @pytest.mark.parametrize("live", [True, False])

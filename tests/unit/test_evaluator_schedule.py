@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rules.alerts import AlertBook
-from rules.engine import Engine, Evaluation
-from rules.loader import RuleSet
-from rules.memory_state import InMemoryState
-from streams import evaluator as evaluator_module
-from streams.evaluator import Evaluator
-from streams.metrics import Metrics
+from costline.rules.alerts import AlertBook
+from costline.rules.engine import Engine, Evaluation
+from costline.rules.loader import RuleSet
+from costline.rules.memory_state import InMemoryState
+from costline.streams.worker import evaluator as evaluator_module
+from costline.streams.worker.evaluator import Evaluator
+from costline.streams.worker.metrics import Metrics
 from tests.unit.rulefiles.builders import T0, book, rule, sample, usage
 
 RULES = RuleSet((

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rules.events import (
+from costline.rules.events import (
     MAX_BATCH,
     Category,
     FaultEvent,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rules.first_buckets import FirstBuckets
-from rules.state import Dimensions
+from costline.rules.first_buckets import FirstBuckets
+from costline.rules.state import Dimensions
 
 
 def _dims(**pairs: str) -> Dimensions:

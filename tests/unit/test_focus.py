@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from connectors.focus import (
+from costline.connectors.focus import (
     Converted,
     CostBasis,
     FocusConverter,
@@ -36,9 +36,9 @@ from connectors.focus import (
     read_rows,
     tag_key,
 )
-from rules.events import Parsed, parse_message
-from rules.prices import PriceBook, PriceBookModel
-from streams.commands.import_cmd import PartitionBatcher, partition_of
+from costline.rules.events import Parsed, parse_message
+from costline.rules.prices import PriceBook, PriceBookModel
+from costline.streams.cli.import_cmd import PartitionBatcher, partition_of
 
 SAMPLE = Path("/work/shared/data/focus/focus_1.0_sample_1000.csv")
 REPO = Path(__file__).resolve().parents[2]
@@ -326,7 +326,7 @@ def test_partition_of_agrees_with_kafkas_default_partitioner() -> None:
 
 
 def cli(*args: str) -> Any:
-    from streams.cli import _register, app
+    from costline.streams.cli.root import _register, app
 
     _register()
     return CliRunner().invoke(app, list(args))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from rules.prices import PriceBook
-from rules.tally import Folder, Tally
-from streams.folding import (
+from costline.rules.prices import PriceBook
+from costline.rules.tally import Folder, Tally
+from costline.streams.settings import DEFAULT_PRICES
+from costline.streams.worker.folding import (
     FoldingPool,
     ProcessFolding,
     Screened,
@@ -15,7 +16,6 @@ from streams.folding import (
     _unpack_answer,
     screen,
 )
-from streams.settings import DEFAULT_PRICES
 
 T0 = 1_796_025_600
 

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from connectors.redis_keys import Calendar
-from rules.events import (
+from costline.connectors.redis_keys import Calendar
+from costline.rules.events import (
     MAX_BATCH,
     MAX_FUTURE_S,
     MIN_TS,
@@ -28,11 +28,11 @@ from rules.events import (
     dump_event,
     parse_message,
 )
-from rules.prices import PriceBook, PricingError
-from streams.app import faust_app
-from streams.dead_letters import dead_letter
-from streams.settings import DEFAULT_PRICES, Settings
-from streams.topics import topic_specs
+from costline.rules.prices import PriceBook, PricingError
+from costline.streams.settings import DEFAULT_PRICES, Settings
+from costline.streams.topics import topic_specs
+from costline.streams.worker.app import faust_app
+from costline.streams.worker.dead_letters import dead_letter
 
 NOW = 1_796_025_600.0  # 2026-11-30T08:00:00Z
 CODES = {

@@ -24,14 +24,14 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-import connectors.reclaim  # noqa: F401 - the reclaim connectors' parameters are part of rules
-from rules.kinds import KINDS
-from rules.loader import RuleSet, RulesInvalid, load_rule_text, load_rules
-from rules.prices import PriceBook
-from rules.yaml_source import MAX_BYTES, MAX_DEPTH, SourceInvalid, load_document
-from streams.evaluator import RuleSource
-from streams.health import Health
-from streams.settings import DEFAULT_PRICES, DEFAULT_RULES
+import costline.connectors.reclaim  # noqa: F401 - the reclaim connectors' parameters are part of rules
+from costline.rules.kinds import KINDS
+from costline.rules.loader import RuleSet, RulesInvalid, load_rule_text, load_rules
+from costline.rules.prices import PriceBook
+from costline.rules.yaml_source import MAX_BYTES, MAX_DEPTH, SourceInvalid, load_document
+from costline.streams.settings import DEFAULT_PRICES, DEFAULT_RULES
+from costline.streams.worker.evaluator import RuleSource
+from costline.streams.worker.health import Health
 
 REPO = Path(__file__).resolve().parents[2]
 SEEDS = {path.name: path.read_text() for path in sorted(DEFAULT_RULES.glob("*.yaml"))}

@@ -28,7 +28,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from connectors.slack_actions import (
+from costline.connectors.slack_actions import (
     MAX_AGE_S,
     MAX_BODY,
     ActionRequest,
@@ -36,7 +36,12 @@ from connectors.slack_actions import (
     add_actions_route,
     make_actions_handler,
 )
-from connectors.slack_render import APPROVE_ACTION, DIGEST_MENU_ACTION, KEEP_ACTION, SNOOZE_ACTIONS
+from costline.connectors.slack_render import (
+    APPROVE_ACTION,
+    DIGEST_MENU_ACTION,
+    KEEP_ACTION,
+    SNOOZE_ACTIONS,
+)
 
 SECRET = "fuzz-signing-secret-4f1c2e"
 NOW = 1_796_025_900  # 2026-11-30T08:05:00Z

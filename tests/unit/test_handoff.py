@@ -20,9 +20,10 @@ from faust.types import TP
 from mode import Service
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-from streams.app import Wiring, faust_app
-from streams.folding import FoldingPool, ProcessFolding
-from streams.handoff import (
+from costline.streams.settings import Settings
+from costline.streams.worker.app import Wiring, faust_app
+from costline.streams.worker.folding import FoldingPool, ProcessFolding
+from costline.streams.worker.handoff import (
     FIRST_POLL_MESSAGES,
     POLL_BYTES,
     App,
@@ -35,7 +36,6 @@ from streams.handoff import (
     messages_per_poll,
     resumed,
 )
-from streams.settings import Settings
 
 TP0 = TP("t", 0)
 

@@ -7,8 +7,8 @@ import faust
 import pytest
 from pydantic import ValidationError
 
-from connectors.kafka_security import KafkaSecurity
-from streams.settings import Settings
+from costline.connectors.kafka_security import KafkaSecurity
+from costline.streams.settings import Settings
 
 PASSWORD = "unit-Pw-5e0c9a3f71"
 

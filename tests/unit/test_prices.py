@@ -11,9 +11,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import rules
-from rules.events import Category, FaultEvent, Parsed, UsageEvent, parse_message
-from rules.prices import (
+from costline import rules
+from costline.rules.events import Category, FaultEvent, Parsed, UsageEvent, parse_message
+from costline.rules.prices import (
     Billing,
     PriceBook,
     PriceBookModel,
@@ -23,7 +23,7 @@ from rules.prices import (
     product_micro,
     to_micro,
 )
-from rules.yaml_source import SourceInvalid
+from costline.rules.yaml_source import SourceInvalid
 
 EXAMPLE = Path(rules.__file__).parent / "prices" / "example.yaml"
 NOW = 1_796_025_600

@@ -6,7 +6,7 @@ import io
 import json
 from typing import Any
 
-from streams.commands.produce_cmd import (
+from costline.streams.cli.produce_cmd import (
     Accepted,
     Batcher,
     Message,
@@ -108,7 +108,7 @@ def test_summary_counts_only_acknowledged_messages() -> None:
 
 
 def test_batches_hold_only_events_of_their_key_partition() -> None:
-    from connectors.kafka import partition_of
+    from costline.connectors.kafka import partition_of
 
     batcher = Batcher(5, partitions=lambda topic: 6)
     sent = []

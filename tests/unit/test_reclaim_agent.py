@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-import connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
-from connectors.reclaim import NotReclaimable, ReclaimConnector
-from connectors.reclaim.slurm import SlurmParams
-from connectors.reclaim_ledger import MemoryReclaimLedger
-from connectors.slack_actions import ActionRequest
-from rules.findings import Finding, ReclaimRequest
-from rules.loader import load_rule_text
-from rules.reclaim import Outcome, Plan
-from rules.state import ResourceSamples, matches
-from streams.reclaimer import ReclaimActions, Reclaimer
+import costline.connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
+from costline.connectors.reclaim import NotReclaimable, ReclaimConnector
+from costline.connectors.reclaim.slurm import SlurmParams
+from costline.connectors.reclaim_ledger import MemoryReclaimLedger
+from costline.connectors.slack_actions import ActionRequest
+from costline.rules.findings import Finding, ReclaimRequest
+from costline.rules.loader import load_rule_text
+from costline.rules.reclaim import Outcome, Plan
+from costline.rules.state import ResourceSamples, matches
+from costline.streams.worker.reclaimer import ReclaimActions, Reclaimer
 from tests.unit.rulefiles.builders import MIN, T0, book
 
 RULES = """

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from connectors.slack_render import _parse as parse_change
-from connectors.slack_render import fallback_text, render_alert
-from streams.reclaim_alerts import cap_breach_alert, is_cap_breach
+from costline.connectors.slack_render import _parse as parse_change
+from costline.connectors.slack_render import fallback_text, render_alert
+from costline.streams.worker.reclaim_alerts import cap_breach_alert, is_cap_breach
 
 ABORTED = {"step": "failed", "aborted": True, "rule": "gpu-idle", "at": "2026-11-30T11:00:00Z",
            "reason": "aborted: 6 of 8 resources (75%) exceed max_percent 50",

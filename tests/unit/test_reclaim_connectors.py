@@ -10,15 +10,20 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from connectors.reclaim import RECLAIMERS, NotReclaimable, build_connectors, secret_from_env
-from connectors.reclaim.dry_run import DryRunReclaimer
-from connectors.reclaim.kubernetes import KubernetesParams, object_of
-from connectors.reclaim.slurm import Completed, SlurmReclaimer, job_id_of, parse_job
-from connectors.reclaim.webhook import WebhookReclaimer, body_of, sign
-from rules.findings import ReclaimRequest
-from rules.kinds.idle import CONNECTORS
-from rules.loader import rules_json_schema
-from rules.reclaim import Plan, make_plan
+from costline.connectors.reclaim import (
+    RECLAIMERS,
+    NotReclaimable,
+    build_connectors,
+    secret_from_env,
+)
+from costline.connectors.reclaim.dry_run import DryRunReclaimer
+from costline.connectors.reclaim.kubernetes import KubernetesParams, object_of
+from costline.connectors.reclaim.slurm import Completed, SlurmReclaimer, job_id_of, parse_job
+from costline.connectors.reclaim.webhook import WebhookReclaimer, body_of, sign
+from costline.rules.findings import ReclaimRequest
+from costline.rules.kinds.idle import CONNECTORS
+from costline.rules.loader import rules_json_schema
+from costline.rules.reclaim import Plan, make_plan
 from tests.unit.rulefiles.builders import T0
 
 

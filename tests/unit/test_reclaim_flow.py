@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-import connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
-from rules.findings import ReclaimRequest
-from rules.kinds.idle import IdleRule
-from rules.loader import RulesInvalid, load_rule_text
-from rules.reclaim import (
+import costline.connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
+from costline.rules.findings import ReclaimRequest
+from costline.rules.kinds.idle import IdleRule
+from costline.rules.loader import RulesInvalid, load_rule_text
+from costline.rules.reclaim import (
     Go,
     Hold,
     Keep,
@@ -29,7 +29,7 @@ from rules.reclaim import (
     target_change,
     verdict,
 )
-from rules.state import ResourceSamples
+from costline.rules.state import ResourceSamples
 from tests.unit.rulefiles.builders import MIN, T0, at, book
 
 RULE = """

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.redis_keys import Calendar, cover
+from costline.connectors.redis_keys import Calendar, cover
 
 ZONES = ["UTC", "Asia/Shanghai", "Asia/Kolkata", "Asia/Kathmandu", "America/New_York",
          "America/Santiago", "Australia/Lord_Howe", "Pacific/Chatham", "America/St_Johns"]

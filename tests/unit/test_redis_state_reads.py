@@ -3,7 +3,7 @@ fields (``_sum_fields``)."""
 
 from __future__ import annotations
 
-from connectors.redis_state import _chunks, _sum_fields
+from costline.connectors.redis_state import _chunks, _sum_fields
 
 
 def test_runs_hold_at_most_so_many_buckets_and_keep_every_interval_once() -> None:

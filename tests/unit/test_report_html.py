@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from connectors.report_html import (
+from costline.connectors.report_html import (
     LABEL_CHARS,
     MAX_BUDGET_SERIES,
     Amount,

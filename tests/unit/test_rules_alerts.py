@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rules.alerts import AlertBook, Mute, Observation, Policy, advance
+from costline.rules.alerts import AlertBook, Mute, Observation, Policy, advance
 from tests.unit.rulefiles.builders import HOUR, MIN, T0
 
 POLICY: dict[str, Any] = {"r": Policy(pending_for=10 * MIN, realert=4 * HOUR)}

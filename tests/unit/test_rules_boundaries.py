@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from rules.durations import rfc3339
-from rules.events import FaultEvent, UsageEvent
-from rules.findings import Finding
-from rules.memory_state import InMemoryState
+from costline.rules.durations import rfc3339
+from costline.rules.events import FaultEvent, UsageEvent
+from costline.rules.findings import Finding
+from costline.rules.memory_state import InMemoryState
 from tests.unit.rulefiles.builders import DAY, HOUR, MIN, T0, at, fault, rule, sample, state, usage
 
 MICRO = Decimal("0.000001")

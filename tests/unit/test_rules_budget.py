@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rules.durations import rfc3339
-from rules.findings import Finding
-from rules.kinds.budget import BudgetRule
-from rules.memory_state import InMemoryState
+from costline.rules.durations import rfc3339
+from costline.rules.findings import Finding
+from costline.rules.kinds.budget import BudgetRule
+from costline.rules.memory_state import InMemoryState
 from tests.unit.rulefiles.builders import HOUR, MIN, T0, at, rule, state, usage
 
 MONTHLY: dict[str, Any] = {

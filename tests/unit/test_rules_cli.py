@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rules.events import AnyEvent
-from streams.cli import _register, app
-from streams.commands import rules_cmd
+from costline.rules.events import AnyEvent
+from costline.streams.cli import rules_cmd
+from costline.streams.cli.root import _register, app
 from tests.unit.rulefiles.builders import MIN, T0, sample, usage
 from tests.unit.test_rules_loader import expected_errors
 

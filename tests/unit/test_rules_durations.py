@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from rules.durations import (
+from costline.rules.durations import (
     MAX_DURATION_S,
     Duration,
     Money,

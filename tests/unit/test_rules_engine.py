@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from rules.alerts import FIELD_ORDER
-from rules.engine import Engine, alert_id, group_hash
-from rules.loader import RuleSet, load_rules
-from rules.memory_state import InMemoryState
-from rules.prices import PriceBook
-from rules.silences import Silence
+from costline.rules.alerts import FIELD_ORDER
+from costline.rules.engine import Engine, alert_id, group_hash
+from costline.rules.loader import RuleSet, load_rules
+from costline.rules.memory_state import InMemoryState
+from costline.rules.prices import PriceBook
+from costline.rules.silences import Silence
 from tests.unit.rulefiles.builders import HOUR, MIN, T0, book, fault, rule, sample, state, usage
 
 DEFINITIONS = Path(__file__).parents[2] / "rules" / "definitions"
@@ -121,7 +121,7 @@ def test_every_change_of_the_shipped_rules_is_plain_json() -> None:
 
 
 def test_the_slack_renderer_accepts_every_change() -> None:
-    render = pytest.importorskip("connectors.slack_render")
+    render = pytest.importorskip("costline.connectors.slack_render")
     engine, found = _busy_cluster()
     first = engine.evaluate(found, T0)
     later = engine.evaluate(state(), T0 + HOUR, first.book)

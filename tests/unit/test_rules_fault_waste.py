@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rules.kinds.fault_waste import FaultWasteRule
+from costline.rules.kinds.fault_waste import FaultWasteRule
 from tests.unit.rulefiles.builders import HOUR, T0, fault, rule, state, usage
 
 WASTE: dict[str, Any] = {"kind": "fault_waste", "group_by": ["project"], "period": "day"}

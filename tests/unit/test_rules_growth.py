@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rules.memory_state import InMemoryState
-from rules.state import Group, Measure, ResourceSamples
+from costline.rules.memory_state import InMemoryState
+from costline.rules.state import Group, Measure, ResourceSamples
 from tests.unit.rulefiles.builders import DAY, HOUR, T0, rule, state, usage
 
 GROWTH: dict[str, Any] = {

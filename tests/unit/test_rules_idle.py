@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rules.durations import rfc3339
-from rules.kinds.idle import CONNECTORS, ConnectorParams, IdleRule, connector
-from rules.loader import RulesInvalid, load_rule_text
+from costline.rules.durations import rfc3339
+from costline.rules.kinds.idle import CONNECTORS, ConnectorParams, IdleRule, connector
+from costline.rules.loader import RulesInvalid, load_rule_text
 from tests.unit.rulefiles.builders import MIN, T0, rule, sample, state
 
 IDLE: dict[str, Any] = {

@@ -7,8 +7,14 @@ from typing import Any
 
 import pytest
 
-from rules.kinds import KINDS, Rule, example_of
-from rules.loader import RulesInvalid, load_rule_text, load_rules, rule_files, rules_json_schema
+from costline.rules.kinds import KINDS, Rule, example_of
+from costline.rules.loader import (
+    RulesInvalid,
+    load_rule_text,
+    load_rules,
+    rule_files,
+    rules_json_schema,
+)
 
 HERE = Path(__file__).parent / "rulefiles"
 GOOD = sorted(rule_files([HERE / "good"]))

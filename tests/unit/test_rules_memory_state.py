@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rules.prices import PricingError
-from rules.state import BUCKET_S, align_down, literal, narrowed
+from costline.rules.prices import PricingError
+from costline.rules.state import BUCKET_S, align_down, literal, narrowed
 from tests.unit.rulefiles.builders import DAY, HOUR, T0, fault, sample, state, usage
 
 

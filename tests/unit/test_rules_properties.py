@@ -26,11 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rules.alerts import AlertBook, Mute, Observation, Policy, advance
-from rules.engine import Engine, alert_id
-from rules.loader import RuleSet
-from rules.memory_state import InMemoryState
-from rules.silences import Silence
+from costline.rules.alerts import AlertBook, Mute, Observation, Policy, advance
+from costline.rules.engine import Engine, alert_id
+from costline.rules.loader import RuleSet
+from costline.rules.memory_state import InMemoryState
+from costline.rules.silences import Silence
 from tests.unit.rulefiles.builders import HOUR, MIN, T0, book, fault, rule, sample, usage
 
 NOTIFYING = "firing"

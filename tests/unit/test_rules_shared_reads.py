@@ -8,12 +8,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rules.engine import Engine
-from rules.events import AnyEvent
-from rules.kept_answers import KeptAnswers
-from rules.loader import RuleSet
-from rules.memory_state import InMemoryState
-from rules.state import Dimensions, Group, Measure, ResourceSamples
+from costline.rules.engine import Engine
+from costline.rules.events import AnyEvent
+from costline.rules.kept_answers import KeptAnswers
+from costline.rules.loader import RuleSet
+from costline.rules.memory_state import InMemoryState
+from costline.rules.state import Dimensions, Group, Measure, ResourceSamples
 from tests.unit.rulefiles.builders import DAY, HOUR, MIN, T0, book, fault, rule, usage
 
 KEYS = ("billing", "category", "env", "fault", "job", "resource_type", "team")

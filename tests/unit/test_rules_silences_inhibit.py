@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from rules.engine import Engine
-from rules.inhibit import inhibition_for
-from rules.loader import RuleSet
-from rules.silences import Silence, silence_for, unexpired
-from rules.state import FaultRecord
+from costline.rules.engine import Engine
+from costline.rules.inhibit import inhibition_for
+from costline.rules.loader import RuleSet
+from costline.rules.silences import Silence, silence_for, unexpired
+from costline.rules.state import FaultRecord
 from tests.unit.rulefiles.builders import HOUR, MIN, T0, fault, rule, sample, state, usage
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.scenario import training_cluster
+from costline.streams.demo.scenario import training_cluster
 
 MIDNIGHT = 1796169600.0  # 2026-12-02T00:00:00Z
 HEADLINE = ("pt-nccl-0", "pt-sdc-0")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.prometheus_scrape import (
+from costline.connectors.prometheus_scrape import (
     ExpositionError,
     Page,
     PrometheusScraper,
@@ -22,9 +22,9 @@ from connectors.prometheus_scrape import (
     parse_sample,
     render,
 )
-from rules.events import UsageEvent, UtilizationEvent
-from rules.prices import PriceBook
-from rules.yaml_source import SourceInvalid
+from costline.rules.events import UsageEvent, UtilizationEvent
+from costline.rules.prices import PriceBook
+from costline.rules.yaml_source import SourceInvalid
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 BOOK = PriceBook.load(Path(__file__).resolve().parents[2] / "rules" / "prices" / "example.yaml")

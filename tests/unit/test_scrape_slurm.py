@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from connectors.slurm_scrape import (
+from costline.connectors.slurm_scrape import (
     SlurmScraper,
     SqueueError,
     comment_tags,
@@ -24,8 +24,8 @@ from connectors.slurm_scrape import (
     parse_squeue,
     run_squeue,
 )
-from rules.events import UsageEvent
-from rules.prices import PriceBook
+from costline.rules.events import UsageEvent
+from costline.rules.prices import PriceBook
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 BOOK = PriceBook.load(Path(__file__).resolve().parents[2] / "rules" / "prices" / "example.yaml")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import AliasChoices
 
-from streams.settings import ENV_PREFIX, Settings
+from costline.streams.settings import ENV_PREFIX, Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

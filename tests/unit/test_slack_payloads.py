@@ -1,6 +1,7 @@
 """The exact Slack payload of every message type, from alert changes the rule engine produced.
 
-Each scenario runs real rules through ``rules.engine.Engine`` on an ``InMemoryState`` and turns
+Each scenario runs real rules through ``costline.rules.engine.Engine`` on an ``InMemoryState`` and
+turns
 the published change records into the calls the notifier makes: a thread root is
 ``chat.postMessage`` to the routed channel with ``message_for``; a later change of a posted
 alert re-renders the root (``chat.update``) and replies in its thread with
@@ -19,14 +20,14 @@ from typing import Any
 
 import pytest
 
-import connectors.reclaim  # noqa: F401 - registers the reclaim keys (approval) idle rules use
-from connectors.slack_render import AlertChange, message_for, render_change_reply
-from connectors.slack_sender import SlackNotifier
-from connectors.slack_server import block_errors
-from rules.alerts import FIELD_ORDER, AlertBook
-from rules.engine import Engine
-from rules.loader import RuleSet
-from rules.memory_state import InMemoryState
+import costline.connectors.reclaim  # noqa: F401 - registers the reclaim keys (approval) idle rules use
+from costline.connectors.slack_render import AlertChange, message_for, render_change_reply
+from costline.connectors.slack_sender import SlackNotifier
+from costline.connectors.slack_server import block_errors
+from costline.rules.alerts import FIELD_ORDER, AlertBook
+from costline.rules.engine import Engine
+from costline.rules.loader import RuleSet
+from costline.rules.memory_state import InMemoryState
 from tests.unit.rulefiles.builders import (
     DAY,
     HOUR,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.slack_render import (
+from costline.connectors.slack_render import (
     APPROVE_ACTION,
     DIGEST_MENU_ACTION,
     KEEP_ACTION,
@@ -24,7 +24,7 @@ from connectors.slack_render import (
     render_digest,
     usage_bar,
 )
-from connectors.slack_server import block_errors, plain
+from costline.connectors.slack_server import block_errors, plain
 
 NOVEMBER = {"start": "2026-11-01T00:00:00Z", "end": "2026-12-01T00:00:00Z"}
 

@@ -25,7 +25,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from connectors.slack_actions import (
+from costline.connectors.slack_actions import (
     ActionRequest,
     ApproverPolicy,
     MemoryReplayGuard,

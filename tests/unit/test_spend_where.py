@@ -11,11 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rules.memory_state import InMemoryState
-from rules.prices import format_micro
-from rules.state import Group, Measure
-from streams.cli import _register, app
-from streams.commands.spend_cmd import parse_filters, spend_report
+from costline.rules.memory_state import InMemoryState
+from costline.rules.prices import format_micro
+from costline.rules.state import Group, Measure
+from costline.streams.cli.root import _register, app
+from costline.streams.cli.spend_cmd import parse_filters, spend_report
 from tests.unit.rulefiles.builders import DAY, HOUR, T0, book, usage
 
 PRICES = Path(__file__).parents[2] / "rules" / "prices" / "example.yaml"
@@ -110,9 +110,9 @@ def test_peaks_of_a_key_given_again_are_hours_of_all_its_values_together(state):
 
 
 def test_the_command_passes_every_value_of_a_repeated_key(state, monkeypatch):
-    import connectors.redis_state
+    import costline.connectors.redis_state
 
-    monkeypatch.setattr(connectors.redis_state, "RedisState", lambda *_: state)
+    monkeypatch.setattr(costline.connectors.redis_state, "RedisState", lambda *_: state)
     _register()
     result = CliRunner().invoke(app, [
         "--prices", str(PRICES), "spend", "--by", "team", "--where", "team=a",
@@ -130,7 +130,7 @@ def test_the_help_says_what_a_repeated_key_means():
 
 
 def test_a_silence_matcher_given_twice_for_one_key_is_refused_not_dropped():
-    from streams.commands.alerts_cmd import parse_matchers
+    from costline.streams.cli.alerts_cmd import parse_matchers
 
     assert parse_matchers(["team=a", "env=prod", "team=a"]) == {
         "team": "a", "env": "prod"}

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rules
-from rules.events import Category, Parsed, parse_message
-from rules.prices import Billing, PriceBook, PricingError
-from rules.tally import (
+from costline import rules
+from costline.rules import tally as tally_module
+from costline.rules.events import Category, Parsed, parse_message
+from costline.rules.prices import Billing, PriceBook, PricingError
+from costline.rules.tally import (
     COST,
     QUANTITY,
     SLOT_S,
@@ -307,8 +308,8 @@ def test_a_popular_tag_set_stays_known_however_many_rare_ones_pass(folder, monke
         worked_out.append(canonical)
         return canonical
 
-    monkeypatch.setattr(rules.tally, "_TAGSET_CACHE_MAX", 10)
-    monkeypatch.setattr(rules.tally, "tagset_json", counted)
+    monkeypatch.setattr(tally_module, "_TAGSET_CACHE_MAX", 10)
+    monkeypatch.setattr(tally_module, "tagset_json", counted)
     tally = Tally()
     for n in range(200):  # the popular tag set between every two rare ones
         folder.fold(tally, [usage(event_id=f"p-{n}"),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rules.yaml_source import MAX_BYTES, SourceError, SourceInvalid, load_document
+from costline.rules.yaml_source import MAX_BYTES, SourceError, SourceInvalid, load_document
 
 NESTED = """\
 top:

@@ -6,10 +6,10 @@ import itertools
 from datetime import UTC, datetime
 from typing import Any
 
-from rules.events import FaultEvent, FaultType, UsageEvent, UtilizationEvent
-from rules.kinds import KINDS, Rule
-from rules.memory_state import InMemoryState
-from rules.prices import Price, PriceBook, PriceBookModel
+from costline.rules.events import FaultEvent, FaultType, UsageEvent, UtilizationEvent
+from costline.rules.kinds import KINDS, Rule
+from costline.rules.memory_state import InMemoryState
+from costline.rules.prices import Price, PriceBook, PriceBookModel
 
 _ids = itertools.count()
 

@@ -5,10 +5,11 @@ the evaluator reads the data generation, the sum of every partition's watermark 
 and as soon as it moved evaluates the rules that counted data moves (every kind but idle),
 reusing the other rules' last findings. Every ``tick`` seconds it evaluates every rule, for
 what time alone changes (``for``, idle, period rollover, forecasts). Answers about hours
-before the last one or two are kept between evaluations (``rules.kept_answers``), so an
+before the last one or two are kept between evaluations (``costline.rules.kept_answers``), so an
 evaluation reads little more than the spend of the last hour. Only the Faust leader
 evaluates, so two workers never race on the alert book; by default it evaluates in a child
-process of its own (``streams.evaluation_process``), so evaluating never slows the aggregation.
+process of its own (``costline.streams.worker.evaluation_process``), so evaluating never slows the
+aggregation.
 
 Changes are published before the book is saved: a crash in between republishes them on the
 next evaluation, and the Slack notifier's ledger recognises a change it already sent.
@@ -24,16 +25,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from connectors.alert_store import AlertStore
-from connectors.redis_keys import wm_key
-from connectors.redis_state import RedisState
-from rules.engine import Engine, Evaluation
-from rules.findings import Finding
-from rules.kept_answers import KeptAnswers
-from rules.loader import RuleSet, RulesInvalid, load_rules, rule_files
-from rules.prices import PriceBook
-from streams.health import Health
-from streams.metrics import Metrics
+from costline.connectors.alert_store import AlertStore
+from costline.connectors.redis_keys import wm_key
+from costline.connectors.redis_state import RedisState
+from costline.rules.engine import Engine, Evaluation
+from costline.rules.findings import Finding
+from costline.rules.kept_answers import KeptAnswers
+from costline.rules.loader import RuleSet, RulesInvalid, load_rules, rule_files
+from costline.rules.prices import PriceBook
+from costline.streams.worker.health import Health
+from costline.streams.worker.metrics import Metrics
 
 log = logging.getLogger("costline.evaluator")
 
@@ -93,7 +94,7 @@ class RuleSource:
 
 class Runner(Protocol):
     """Where evaluations run: in this process (``InlineRunner``) or in a child process of
-    their own (``streams.evaluation_process.ProcessRunner``)."""
+    their own (``costline.streams.worker.evaluation_process.ProcessRunner``)."""
 
     def evaluate(self, engine: Engine, now: float, full: bool) -> Evaluation: ...
 

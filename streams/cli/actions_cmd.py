@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import typer
 
-import connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
-from streams.commands import command_group
+import costline.connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
+from costline.streams.cli import command_group
 
 T = TypeVar("T")
 
@@ -26,8 +26,8 @@ def _with_ledger(ctx: typer.Context, use: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``use(ledger)`` against the namespace's Redis ledger."""
     from redis.asyncio import Redis
 
-    from connectors.reclaim_ledger import RedisReclaimLedger
-    from streams.cli import settings_of
+    from costline.connectors.reclaim_ledger import RedisReclaimLedger
+    from costline.streams.cli.root import settings_of
 
     settings = settings_of(ctx)
 
@@ -52,7 +52,7 @@ def action_line(record: dict[str, Any]) -> str:
 
 def status_report(pause: Any, plans: list[Any], now: float) -> dict[str, Any]:
     """Paused or not, and the open plans: what ``reclaim status --json`` prints."""
-    from rules.durations import rfc3339
+    from costline.rules.durations import rfc3339
 
     return {
         "paused": pause is not None,
@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
         by: str | None = typer.Option(None, help="Who; default the current user."),
     ) -> None:
         """Stop all reclamation now: no new plans, due plans are skipped, nothing released."""
-        from connectors.reclaim_ledger import Pause
+        from costline.connectors.reclaim_ledger import Pause
 
         who = _user(by)
 

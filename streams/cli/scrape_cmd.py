@@ -22,14 +22,14 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from connectors.slurm_scrape import SQUEUE
-from rules.durations import rfc3339
-from rules.prices import PriceBook
-from rules.yaml_source import SourceInvalid
-from streams.cli import settings_of
-from streams.commands import command_group
-from streams.commands.import_cmd import UsageStream, UsageTopicEvent, usage_stream
-from streams.commands.produce_cmd import Summary
+from costline.connectors.slurm_scrape import SQUEUE
+from costline.rules.durations import rfc3339
+from costline.rules.prices import PriceBook
+from costline.rules.yaml_source import SourceInvalid
+from costline.streams.cli import command_group
+from costline.streams.cli.import_cmd import UsageStream, UsageTopicEvent, usage_stream
+from costline.streams.cli.produce_cmd import Summary
+from costline.streams.cli.root import settings_of
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -137,7 +137,7 @@ def prometheus(
     timeout: float = typer.Option(10.0, min=0.1, help="Seconds to wait for the page."),
 ) -> None:
     """Scrape a Prometheus text endpoint; mapped metrics become utilization or usage events."""
-    from connectors.prometheus_scrape import PrometheusScraper, load_mapping, scrape
+    from costline.connectors.prometheus_scrape import PrometheusScraper, load_mapping, scrape
 
     try:
         mapping = load_mapping(mapping_file, _price_book(ctx))
@@ -173,7 +173,7 @@ def slurm(
     """Count running jobs' GPU-hours (CPU-only jobs: vCPU-hours) for each completed window."""
     import shlex
 
-    from connectors.slurm_scrape import SlurmScraper, parse_squeue, run_squeue
+    from costline.connectors.slurm_scrape import SlurmScraper, parse_squeue, run_squeue
 
     book = _price_book(ctx)
     _check_priced(book, gpu_default, "gpu_hour", "--gpu-default")

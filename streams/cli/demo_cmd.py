@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from streams.commands import command_group
+from costline.streams.cli import command_group
 
 
 @command_group
@@ -21,8 +21,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Run the pipeline on the embedded stack with a realistic cluster scenario."""
-        from streams.cli import settings_of
-        from streams.demo import Demo
+        from costline.streams.cli.root import settings_of
+        from costline.streams.demo.run import Demo
 
         summary = Demo(settings_of(ctx), days=days, use_running=use_running, keep=keep,
                        quiet=as_json).run()

@@ -14,21 +14,21 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from connectors.alert_store import AlertStore
-from connectors.slack_actions import (
+from costline.connectors.alert_store import AlertStore
+from costline.connectors.slack_actions import (
     ActionRequest,
     ApproverPolicy,
     RedisReplayGuard,
     SlackActionsHandler,
     make_actions_handler,
 )
-from connectors.slack_ledger import SlackLedger
-from connectors.slack_sender import DeliveryError, SlackNotifier
-from rules.durations import rfc3339
-from streams.aggregator import Backoff
-from streams.health import Health
-from streams.metrics import Metrics
-from streams.settings import Settings
+from costline.connectors.slack_ledger import SlackLedger
+from costline.connectors.slack_sender import DeliveryError, SlackNotifier
+from costline.rules.durations import rfc3339
+from costline.streams.settings import Settings
+from costline.streams.worker.aggregator import Backoff
+from costline.streams.worker.health import Health
+from costline.streams.worker.metrics import Metrics
 
 log = logging.getLogger("costline.notifier")
 

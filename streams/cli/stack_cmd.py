@@ -15,9 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from streams import stack
-from streams.cli import settings_of
-from streams.commands import command_group
+from costline.streams import stack
+from costline.streams.cli import command_group
+from costline.streams.cli.root import settings_of
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -1,11 +1,12 @@
 """The Faust application: the worker's agents, timers and pages, wired from the settings.
 
 Topics carry raw bytes and the aggregation agent decodes them itself
-(``rules.events.parse_message``), so a bad message becomes a dead letter instead of an
+(``costline.rules.events.parse_message``), so a bad message becomes a dead letter instead of an
 exception inside Faust. The agent takes messages in batches (``take_events``) and folds them
 into per-partition windows that a writer task applies to Redis, one script call per window
-(``streams.aggregator``). The app's consumer hands each message to the agent's stream without
-a task per message (``streams.handoff``).
+(``costline.streams.worker.aggregator``). The app's consumer hands each message to the agent's
+stream without
+a task per message (``costline.streams.worker.handoff``).
 
 Where to resume a partition is decided by Redis, not by Kafka's committed offsets: when a
 rebalance completes, and before Faust seeks to the committed offsets, the worker commits the
@@ -29,35 +30,41 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import ReadOnlyError
 
-import connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
-from connectors import bucket_zone
-from connectors.alert_store import AlertStore
-from connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions
-from connectors.redis_apply import BatchWriter
-from connectors.redis_keys import Calendar
-from connectors.redis_state import RedisState
-from connectors.slack_actions import add_actions_route
-from rules.prices import PriceBook
-from rules.tally import Folder
-from streams import collector, handoff
-from streams.aggregator import REDIS_DOWN, Aggregator
-from streams.evaluation_process import ProcessRunner
-from streams.evaluator import Evaluator, RuleSource
-from streams.folding import Folding, FoldingPool, ProcessFolding
-from streams.health import Health
-from streams.metrics import Metrics
-from streams.notifier import build_actions_handler, build_notifier, deliver_until_done
-from streams.reclaim_alerts import cap_breach_alert, is_cap_breach
-from streams.reclaimer import ReclaimActions, Reclaimer, build_reclaimer
-from streams.settings import Settings
+import costline.connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
+from costline.connectors import bucket_zone
+from costline.connectors.alert_store import AlertStore
+from costline.connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions
+from costline.connectors.redis_apply import BatchWriter
+from costline.connectors.redis_keys import Calendar
+from costline.connectors.redis_state import RedisState
+from costline.connectors.slack_actions import add_actions_route
+from costline.rules.prices import PriceBook
+from costline.rules.tally import Folder
+from costline.streams.settings import Settings
+from costline.streams.worker import collector, handoff
+from costline.streams.worker.aggregator import REDIS_DOWN, Aggregator
+from costline.streams.worker.evaluation_process import ProcessRunner
+from costline.streams.worker.evaluator import Evaluator, RuleSource
+from costline.streams.worker.folding import Folding, FoldingPool, ProcessFolding
+from costline.streams.worker.health import Health
+from costline.streams.worker.metrics import Metrics
+from costline.streams.worker.notifier import (
+    build_actions_handler,
+    build_notifier,
+    deliver_until_done,
+)
+from costline.streams.worker.reclaim_alerts import cap_breach_alert, is_cap_breach
+from costline.streams.worker.reclaimer import ReclaimActions, Reclaimer, build_reclaimer
 
 log = logging.getLogger("costline.worker")
 
 SOURCES = {"usage": "usage", "faults": "faults"}
 # How often a worker checks that Redis still holds the watermarks of its idle partitions.
 WATERMARK_CHECK_S = 10.0
-# Input messages not yet applied to Redis (over the worker's partitions) from which the
-# aggregation counts as behind, and rule evaluations rest longer (streams.evaluator): more
+# Input messages not yet applied to Redis (over the worker's partitions) from which
+# the
+# aggregation counts as behind, and rule evaluations rest longer
+# (costline.streams.worker.evaluator): more
 # than a few takes of messages waiting, whatever a message holds.
 BEHIND_MESSAGES = 1_000
 Send = Callable[[bytes, bytes], Awaitable[None]]
@@ -305,7 +312,7 @@ class Wiring:
     def garbage_collection(self) -> None:
         @self.app.task
         async def settle_collector() -> None:
-            """Once the worker has started (streams.collector)."""
+            """Once the worker has started (costline.streams.worker.collector)."""
             collector.settle()
 
     def pages(self) -> None:

@@ -25,10 +25,10 @@ from typing import Any, Protocol
 
 import msgpack
 
-from rules.events import Rejection, parse_message
-from rules.prices import PriceBook, PricingError
-from rules.tally import Folder, Tally
-from streams import child_process, collector
+from costline.rules.events import Rejection, parse_message
+from costline.rules.prices import PriceBook, PricingError
+from costline.rules.tally import Folder, Tally
+from costline.streams.worker import child_process, collector
 
 log = logging.getLogger("costline.folding")
 

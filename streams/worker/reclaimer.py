@@ -8,7 +8,7 @@ execution claim). Every step goes to the ledger's outbox and from there to ``sin
 worker connects to ``NS.actions.v1``; a step the sink refused is handed over again on the next
 call.
 
-The decisions are ``rules.reclaim``'s; this module only does the I/O around them.
+The decisions are ``costline.rules.reclaim``'s; this module only does the I/O around them.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from datetime import UTC, datetime, timedelta
 from itertools import groupby
 from typing import Any
 
-from connectors.reclaim import NotReclaimable, ReclaimConnector, build_connectors
-from connectors.reclaim_ledger import Pause, ReclaimLedger, RedisReclaimLedger
-from connectors.slack_actions import ActionRequest, AlertActions
-from rules.durations import rfc3339
-from rules.findings import Finding, ReclaimRequest
-from rules.kinds.idle import IdleRule
-from rules.loader import RuleSet
-from rules.prices import PriceBook
-from rules.reclaim import (
+from costline.connectors.reclaim import NotReclaimable, ReclaimConnector, build_connectors
+from costline.connectors.reclaim_ledger import Pause, ReclaimLedger, RedisReclaimLedger
+from costline.connectors.slack_actions import ActionRequest, AlertActions
+from costline.rules.durations import rfc3339
+from costline.rules.findings import Finding, ReclaimRequest
+from costline.rules.kinds.idle import IdleRule
+from costline.rules.loader import RuleSet
+from costline.rules.prices import PriceBook
+from costline.rules.reclaim import (
     ActionRecord,
     Go,
     Hold,
@@ -57,8 +57,8 @@ from rules.reclaim import (
     verdict,
     warned,
 )
-from rules.state import ResourceSamples, StateView
-from streams.settings import Settings
+from costline.rules.state import ResourceSamples, StateView
+from costline.streams.settings import Settings
 
 log = logging.getLogger("costline.reclaim")
 
@@ -360,7 +360,7 @@ def build_reclaimer(settings: Settings, rules: RuleSource, sink: Sink,
     from redis import Redis as SyncRedis
     from redis.asyncio import Redis
 
-    from connectors.redis_state import RedisState
+    from costline.connectors.redis_state import RedisState
 
     # Timeouts: a Redis that takes connections but never answers fails a tick, which is
     # retried, instead of hanging the reclaimer.
@@ -375,7 +375,7 @@ def build_reclaimer(settings: Settings, rules: RuleSource, sink: Sink,
 
 
 class ReclaimActions:
-    """The Keep and Approve buttons, as ``connectors.slack_actions.AlertActions``.
+    """The Keep and Approve buttons, as ``costline.connectors.slack_actions.AlertActions``.
 
     Snooze belongs to the alert silences: pass their implementation as ``snoozing``.
     """

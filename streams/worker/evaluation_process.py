@@ -21,11 +21,11 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-import connectors.reclaim  # noqa: F401 - the connectors' rule parameters, as the worker knows them
-from rules.engine import Engine, Evaluation
-from rules.loader import RuleSet
-from rules.prices import PriceBook
-from streams import child_process, collector
+import costline.connectors.reclaim  # noqa: F401 - the connectors' rule parameters, as the worker knows them
+from costline.rules.engine import Engine, Evaluation
+from costline.rules.loader import RuleSet
+from costline.rules.prices import PriceBook
+from costline.streams.worker import child_process, collector
 
 log = logging.getLogger("costline.evaluator")
 
@@ -131,9 +131,9 @@ def child_main(settings: Any, prices: PriceBook, conn: Connection) -> None:
 def _runner(settings: Any) -> Any:
     from redis import Redis
 
-    from connectors.alert_store import AlertStore
-    from connectors.redis_state import RedisState
-    from streams.evaluator import InlineRunner
+    from costline.connectors.alert_store import AlertStore
+    from costline.connectors.redis_state import RedisState
+    from costline.streams.worker.evaluator import InlineRunner
 
     redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     return InlineRunner(RedisState(redis, settings.namespace, settings.timezone),

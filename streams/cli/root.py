@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from typer.core import TyperGroup
 
-from streams.settings import Settings, known_zone, without_password
+from costline.streams.settings import Settings, known_zone, without_password
 
 # How a command reports Redis failing it, most specific first. Redis being down, slow or
 # still loading is the environment's doing, not a bug of the command: one line says enough.
@@ -111,7 +111,7 @@ def settings_of(ctx: typer.Context) -> Settings:
 
 
 def _command_name(ctx: typer.Context) -> str:
-    """``costline reclaim status``, also when started as ``python -m streams``."""
+    """``costline reclaim status``, also when started as ``python -m costline.streams``."""
     names: list[str] = []
     while ctx.parent is not None:
         names.append(ctx.info_name or "")
@@ -134,11 +134,11 @@ _registered: list[bool] = []
 
 def _register() -> None:
     """Attach every command group, once. Imported late so ``costline --help`` stays fast."""
-    from streams import commands
+    from costline.streams import cli
 
     if _registered:
         return
-    for register in commands.load_all():
+    for register in cli.load_all():
         register(app)
     _registered.append(True)
 

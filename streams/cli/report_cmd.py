@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from streams.commands import command_group
+from costline.streams.cli import command_group
 
 if TYPE_CHECKING:
-    from rules.durations import Period
+    from costline.rules.durations import Period
 
 PERIODS = ("day", "week", "month")
 DEFAULT_BY = "team,project,job"
@@ -24,7 +24,7 @@ def _period(period: str) -> Period:
 
 
 def _moment(at: str | None) -> float:
-    from rules.durations import parse_time
+    from costline.rules.durations import parse_time
 
     try:
         return parse_time(at) if at is not None else time.time()
@@ -63,10 +63,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """A self-contained HTML report: spend against budgets, waste by fault type, top
         spenders and the idle hours reclaimed, for a day, week or month."""
-        from connectors.report_html import render
-        from rules.loader import RulesInvalid
-        from streams.cli import settings_of
-        from streams.report import ReportRequest, gather
+        from costline.connectors.report_html import render
+        from costline.rules.loader import RulesInvalid
+        from costline.streams.cli.report import ReportRequest, gather
+        from costline.streams.cli.root import settings_of
 
         settings = settings_of(ctx)
         request = ReportRequest(period=_period(period), at=_moment(at), now=time.time(),

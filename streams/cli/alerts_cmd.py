@@ -9,14 +9,14 @@ from typing import Any
 
 import typer
 
-from streams.commands import command_group
+from costline.streams.cli import command_group
 
 
 def _store(ctx: typer.Context) -> Any:
     from redis import Redis
 
-    from connectors.alert_store import AlertStore
-    from streams.cli import settings_of
+    from costline.connectors.alert_store import AlertStore
+    from costline.streams.cli.root import settings_of
 
     settings = settings_of(ctx)
     # A Redis that never answers ends the command with an error instead of hanging it.
@@ -27,7 +27,7 @@ def _store(ctx: typer.Context) -> Any:
 def parse_matchers(pairs: Sequence[str]) -> dict[str, str]:
     """``--match KEY=VALUE`` (the value may be a ``*`` glob), one per key: a silence keeps one
     glob per key, so a key given twice is refused rather than keeping only the last value."""
-    from streams.commands.spend_cmd import key_and_value
+    from costline.streams.cli.spend_cmd import key_and_value
 
     found: dict[str, str] = {}
     for pair in pairs:
@@ -42,7 +42,7 @@ def parse_matchers(pairs: Sequence[str]) -> dict[str, str]:
 
 def alert_rows(book: Any) -> list[dict[str, Any]]:
     """``alerts --json``: rule, group, state, severity, since, value, threshold."""
-    from rules.durations import rfc3339
+    from costline.rules.durations import rfc3339
 
     rows = []
     for alert in book.active():
@@ -77,7 +77,7 @@ def _print_alerts(rows: list[dict[str, Any]]) -> None:
 
 
 def _duration(text: str) -> float:
-    from rules.durations import parse_duration
+    from costline.rules.durations import parse_duration
 
     try:
         return float(parse_duration(text))
@@ -142,6 +142,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _when(ts: float) -> str:
-    from rules.durations import rfc3339
+    from costline.rules.durations import rfc3339
 
     return rfc3339(ts)

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from connectors.kafka import (
+from costline.connectors.kafka import (
     KafkaLoginFailed,
     KafkaUnavailable,
     TopicError,
@@ -31,11 +31,11 @@ from connectors.kafka import (
     partition_of,
     producer,
 )
-from connectors.kafka_security import KafkaSecurity
-from rules.events import MAX_BATCH, Parsed, parse_message
-from streams.cli import settings_of
-from streams.commands import command_group
-from streams.topics import create_topics
+from costline.connectors.kafka_security import KafkaSecurity
+from costline.rules.events import MAX_BATCH, Parsed, parse_message
+from costline.streams.cli import command_group
+from costline.streams.cli.root import settings_of
+from costline.streams.topics import create_topics
 
 
 class InputTopic(StrEnum):

@@ -33,13 +33,20 @@ from typing import Protocol, TypeVar
 
 from redis.exceptions import BusyLoadingError, ConnectionError, RedisError, TimeoutError
 
-from connectors.redis_apply import SUM_LIMIT, Applied, BatchWriter, Duplicates, Mismatch, Overflow
-from connectors.redis_keys import slot_tag
-from rules.tally import COST, QUANTITY, WASTE_PREFIX, Folder, Tally
-from streams.dead_letters import dead_letter
-from streams.folding import Folding, InlineFolding, Screened, screen
-from streams.health import Health
-from streams.metrics import Metrics
+from costline.connectors.redis_apply import (
+    SUM_LIMIT,
+    Applied,
+    BatchWriter,
+    Duplicates,
+    Mismatch,
+    Overflow,
+)
+from costline.connectors.redis_keys import slot_tag
+from costline.rules.tally import COST, QUANTITY, WASTE_PREFIX, Folder, Tally
+from costline.streams.worker.dead_letters import dead_letter
+from costline.streams.worker.folding import Folding, InlineFolding, Screened, screen
+from costline.streams.worker.health import Health
+from costline.streams.worker.metrics import Metrics
 
 log = logging.getLogger("costline.aggregator")
 
@@ -125,7 +132,7 @@ class Aggregator:
         self.sources = sources  # topic name → short source name used in Redis keys
         self.writer = writer
         self.folder = folder  # folds here what needs folding again (rare)
-        # Folds what is taken: here, or in a child process (streams.folding).
+        # Folds what is taken: here, or in a child process (costline.streams.worker.folding).
         self.folding = folding or InlineFolding(folder)
         self.send_dead_letter = send_dead_letter
         self.seek = seek

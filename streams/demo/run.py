@@ -23,9 +23,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from connectors.kafka_security import PLAINTEXT
-from streams.scenario import DEV_BOXES, Scenario, training_cluster
-from streams.settings import Settings
+from costline.connectors.kafka_security import PLAINTEXT
+from costline.streams.demo.scenario import DEV_BOXES, Scenario, training_cluster
+from costline.streams.settings import Settings
 
 KAFKA_SECURITY_VARIABLES = ("COSTLINE_KAFKA_SECURITY_", "COSTLINE_KAFKA_SASL_",
                             "COSTLINE_KAFKA_SSL_")
@@ -97,7 +97,7 @@ class Demo:
         it (live only when the boxes are real Slurm jobs, else a dry run that names no job)."""
         from ruamel.yaml import YAML
 
-        from rules.loader import rule_files
+        from costline.rules.loader import rule_files
 
         target = self.state_dir / "demo-rules"
         shutil.rmtree(target, ignore_errors=True)
@@ -131,7 +131,7 @@ class Demo:
         # The embedded broker speaks PLAINTEXT only: the worker must not try TLS or SASL on it.
         for name in [name for name in env if name.startswith(KAFKA_SECURITY_VARIABLES)]:
             del env[name]
-        from streams import stack
+        from costline.streams import stack
 
         self.say("[bold]Starting the embedded stack[/] (Tansu broker, Valkey)…")
         info = stack.up(self.state_dir, kafka="embedded", redis="embedded", kafka_port=0,
@@ -149,7 +149,7 @@ class Demo:
             self.say("Alerts go to Slack (SLACK_BOT_TOKEN is set).")
             yield None
             return
-        from connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread
+        from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread
 
         slack = LocalSlackThread(self._channels(), echo=not self.quiet)
         env.update(SLACK_API_URL=slack.start(), SLACK_BOT_TOKEN=DEFAULT_TOKEN)
@@ -160,7 +160,7 @@ class Demo:
             slack.stop()
 
     def _channels(self) -> list[str]:
-        from rules.loader import load_rules
+        from costline.rules.loader import load_rules
 
         names = {self.settings.slack_fallback_channel.lstrip("#")}
         for rule in load_rules([self.settings.rules], self.settings.timezone):
@@ -175,7 +175,7 @@ class Demo:
 
     @contextmanager
     def _worker(self, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-        from streams.topics import create_topics
+        from costline.streams.topics import create_topics
 
         env.update(COSTLINE_KAFKA_SESSION_TIMEOUT_S=env.get("COSTLINE_KAFKA_SESSION_TIMEOUT_S",
                                                             "6"),
@@ -187,7 +187,7 @@ class Demo:
         log = (self.state_dir / "demo-worker.log")
         log.parent.mkdir(parents=True, exist_ok=True)
         self.say(f"Starting the worker (log: {log})…")
-        proc = subprocess.Popen([sys.executable, "-m", "streams", "worker", "--loglevel",
+        proc = subprocess.Popen([sys.executable, "-m", "costline.streams", "worker", "--loglevel",
                                  "warning"], env=env, stdout=log.open("wb"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -202,7 +202,7 @@ class Demo:
     # -- the story ----------------------------------------------------------------------
 
     def _play(self, env: dict[str, str], scenario: Scenario) -> None:
-        from connectors.kafka import producer
+        from costline.connectors.kafka import producer
 
         out = producer(env["COSTLINE_KAFKA_BOOTSTRAP"], client_id="costline-demo",
                        security=self.kafka_security)
@@ -222,7 +222,7 @@ class Demo:
                          timeout: float = 180) -> None:
         from redis import Redis
 
-        from streams.topics import end_offsets
+        from costline.streams.topics import end_offsets
 
         redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
         targets = end_offsets(env["COSTLINE_KAFKA_BOOTSTRAP"], self.namespace,
@@ -259,7 +259,7 @@ class Demo:
     def _wait_for_releases(self, env: dict[str, str], most: float = 90.0
                            ) -> list[dict[str, Any]]:
         """The reclamation audit log, once every plan has closed (or ``most`` has passed)."""
-        from connectors.kafka import consumer as kafka_consumer
+        from costline.connectors.kafka import consumer as kafka_consumer
 
         topic = f"{self.namespace}.actions.v1"
         consumer = kafka_consumer(env["COSTLINE_KAFKA_BOOTSTRAP"], topic,
@@ -292,10 +292,10 @@ class Demo:
     def _summary(self, env: dict[str, str], slack: Any) -> dict[str, Any]:
         from redis import Redis
 
-        from connectors.alert_store import AlertStore
-        from connectors.redis_state import RedisState
-        from rules.prices import format_micro
-        from streams.commands.alerts_cmd import alert_rows
+        from costline.connectors.alert_store import AlertStore
+        from costline.connectors.redis_state import RedisState
+        from costline.rules.prices import format_micro
+        from costline.streams.cli.alerts_cmd import alert_rows
 
         redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
         state = RedisState(redis, self.namespace, self.settings.timezone)
@@ -355,7 +355,7 @@ def _null() -> Iterator[None]:
 def _dry_run_reclaim(reclaim: dict[str, Any]) -> dict[str, Any]:
     """A rule's reclaim block for the ``dry_run`` connector: its common keys, none of the
     keys only its own connector takes (``action`` is Slurm's)."""
-    from connectors.reclaim.dry_run import DryRunParams
+    from costline.connectors.reclaim.dry_run import DryRunParams
 
     kept = {k: v for k, v in reclaim.items() if k in DryRunParams.model_fields}
     return {"connector": "dry_run", "grace": reclaim.get("grace", "30s"), **kept}
@@ -384,7 +384,7 @@ def _reclamation(records: list[dict[str, Any]], live: bool) -> dict[str, Any]:
 
 
 def _watermark(redis: Any, namespace: str, topic: str, partition: int) -> int:
-    from connectors.redis_keys import slot_tag, wm_key
+    from costline.connectors.redis_keys import slot_tag, wm_key
 
     source = topic.removeprefix(f"{namespace}.").removesuffix(".v1")
     return int(redis.get(wm_key(slot_tag(namespace, source, partition))) or -1)

@@ -12,16 +12,16 @@ from typing import Any
 
 import typer
 
-from rules.backtest import read_events, run_backtest
-from rules.durations import parse_time
-from rules.engine import Engine
-from rules.loader import load_rules, rule_files, rules_json_schema
-from rules.memory_state import InMemoryState
-from rules.prices import PriceBook
-from rules.ruletest import RuleTestReport, run_rule_tests
-from rules.yaml_source import SourceInvalid
-from streams.cli import settings_of
-from streams.commands import command_group
+from costline.rules.backtest import read_events, run_backtest
+from costline.rules.durations import parse_time
+from costline.rules.engine import Engine
+from costline.rules.loader import load_rules, rule_files, rules_json_schema
+from costline.rules.memory_state import InMemoryState
+from costline.rules.prices import PriceBook
+from costline.rules.ruletest import RuleTestReport, run_rule_tests
+from costline.rules.yaml_source import SourceInvalid
+from costline.streams.cli import command_group
+from costline.streams.cli.root import settings_of
 
 rules_app = typer.Typer(
     name="rules",

@@ -10,9 +10,9 @@ from typing import Any
 
 import typer
 
-from rules.state import Measure, totals_each
-from streams.cli import zone_option
-from streams.commands import command_group
+from costline.rules.state import Measure, totals_each
+from costline.streams.cli import command_group
+from costline.streams.cli.root import zone_option
 
 PERIODS = ("day", "week", "month")
 
@@ -44,8 +44,8 @@ def spend_report(state: Any, currency: str, by: Sequence[str], where: Filters,
     """The rows of ``spend --json``: one per group, cost and waste, sorted by cost descending.
 
     ``where`` maps a key to a glob, or to several globs any of which it may match."""
-    from rules.durations import rfc3339
-    from rules.prices import format_micro
+    from costline.rules.durations import rfc3339
+    from costline.rules.prices import format_micro
 
     query = _Query(by, where)
     cost, waste = query.totals(state, ("cost", "waste"), start, end)
@@ -166,10 +166,10 @@ def register(app: typer.Typer) -> None:
         """Spend and waste per group for a day, week or month."""
         from redis import Redis
 
-        from connectors.redis_state import RedisState
-        from rules.durations import parse_time, period_bounds
-        from rules.prices import PriceBook
-        from streams.cli import settings_of
+        from costline.connectors.redis_state import RedisState
+        from costline.rules.durations import parse_time, period_bounds
+        from costline.rules.prices import PriceBook
+        from costline.streams.cli.root import settings_of
 
         settings = settings_of(ctx)
         if period not in PERIODS:
@@ -196,7 +196,7 @@ def register(app: typer.Typer) -> None:
 def _warn_if_short(state: Any, start: float, end: float) -> None:
     """Say so when part of the period comes from buckets that may have expired (on stderr,
     so ``--json`` stays machine-readable)."""
-    from connectors.redis_keys import Retention
+    from costline.connectors.redis_keys import Retention
 
     kept = {"1h": f"hourly buckets are kept {Retention.hour // 86400} days",
             "5m": f"5-minute buckets are kept {Retention.five_min // 3600} hours"}

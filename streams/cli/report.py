@@ -2,7 +2,7 @@
 
 ``build_report`` works on anything that answers ``totals`` and ``series`` (the Redis state in
 production), the loaded rules, the alert book and the latest action records, and returns the
-``connectors.report_html.Report`` the renderer draws. ``gather`` opens those sources for a
+``costline.connectors.report_html.Report`` the renderer draws. ``gather`` opens those sources for a
 set of ``Settings``.
 
 Periods: the report's own period (``--period`` around ``--at``, in ``COSTLINE_TIMEZONE``)
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Protocol
 
-from connectors.report_html import (
+from costline.connectors.report_html import (
     TOP_SPENDERS,
     Amount,
     BudgetChart,
@@ -34,17 +34,17 @@ from connectors.report_html import (
     Span,
     Totals,
 )
-from rules.alerts import AlertBook
-from rules.durations import Period, parse_time, period_bounds
-from rules.engine import alert_id
-from rules.kinds.budget import FORECAST_MIN_HISTORY_S, FORECAST_WINDOW_S, BudgetRule
-from rules.loader import RuleSet
-from rules.prices import PriceBook, to_micro
-from rules.reclaim import hourly_cost
-from rules.state import Group, Measure, align_down, group_of, matches, through
+from costline.rules.alerts import AlertBook
+from costline.rules.durations import Period, parse_time, period_bounds
+from costline.rules.engine import alert_id
+from costline.rules.kinds.budget import FORECAST_MIN_HISTORY_S, FORECAST_WINDOW_S, BudgetRule
+from costline.rules.loader import RuleSet
+from costline.rules.prices import PriceBook, to_micro
+from costline.rules.reclaim import hourly_cost
+from costline.rules.state import Group, Measure, align_down, group_of, matches, through
 
 if TYPE_CHECKING:
-    from streams.settings import Settings
+    from costline.streams.settings import Settings
 
 HOUR_S = 3600
 ACTIONS_READ = 10_000
@@ -316,15 +316,15 @@ def _release(record: Mapping[str, Any], at: float, saved: int, prices: PriceBook
 def gather(settings: Settings, request: ReportRequest) -> Report:
     """Read everything for ``request`` from the namespace ``settings`` name.
 
-    Raises ``rules.loader.RulesInvalid`` for a rule set that does not load and
+    Raises ``costline.rules.loader.RulesInvalid`` for a rule set that does not load and
     ``redis.RedisError`` when Redis does not answer.
     """
     from redis import Redis
 
-    import connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
-    from connectors.alert_store import AlertStore
-    from connectors.redis_state import RedisState
-    from rules.loader import load_rules
+    import costline.connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
+    from costline.connectors.alert_store import AlertStore
+    from costline.connectors.redis_state import RedisState
+    from costline.rules.loader import load_rules
 
     rules = load_rules([settings.rules], settings.timezone)
     redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
@@ -345,7 +345,7 @@ def gather(settings: Settings, request: ReportRequest) -> Report:
 async def _action_history(redis_url: str, namespace: str) -> list[dict[str, Any]]:
     from redis.asyncio import Redis
 
-    from connectors.reclaim_ledger import RedisReclaimLedger
+    from costline.connectors.reclaim_ledger import RedisReclaimLedger
 
     redis = Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=30)
     try:

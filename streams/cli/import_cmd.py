@@ -21,7 +21,7 @@ from typing import IO, Any
 import typer
 from rich.console import Console
 
-from connectors.focus import (
+from costline.connectors.focus import (
     Converted,
     CostBasis,
     FocusConverter,
@@ -32,13 +32,12 @@ from connectors.focus import (
     price_book_lines,
     read_rows,
 )
-from connectors.kafka import partition_of
-from rules.events import MAX_BATCH, UsageEvent, UtilizationEvent, dump_event
-from rules.prices import PriceBook, format_micro
-from rules.yaml_source import SourceInvalid
-from streams.cli import settings_of
-from streams.commands import command_group
-from streams.commands.produce_cmd import (
+from costline.connectors.kafka import partition_of
+from costline.rules.events import MAX_BATCH, UsageEvent, UtilizationEvent, dump_event
+from costline.rules.prices import PriceBook, format_micro
+from costline.rules.yaml_source import SourceInvalid
+from costline.streams.cli import command_group
+from costline.streams.cli.produce_cmd import (
     Message,
     Summary,
     _count,
@@ -47,6 +46,7 @@ from streams.commands.produce_cmd import (
     _kafka_sender,
     _progress,
 )
+from costline.streams.cli.root import settings_of
 
 DEFAULT_BATCH = 1000
 _err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from streams.commands import command_group
+from costline.streams.cli import command_group
 
 if TYPE_CHECKING:
-    from connectors.kafka_security import KafkaSecurity
-    from streams.settings import Settings
+    from costline.connectors.kafka_security import KafkaSecurity
+    from costline.streams.settings import Settings
 
 STARTUP_S = 120.0
 
@@ -25,7 +25,7 @@ def _until_kafka_answers(bootstrap: str, step: Callable[[], object]) -> None:
     an upgrade) waits for it rather than exiting. Once running, Faust reconnects by itself."""
     from kafka.errors import KafkaError
 
-    from connectors.kafka import KafkaUnavailable, TopicError
+    from costline.connectors.kafka import KafkaUnavailable, TopicError
 
     _until_answers(f"Kafka at {bootstrap}", step,
                    (KafkaUnavailable, TopicError, KafkaError, OSError))
@@ -51,12 +51,12 @@ def _until_answers(what: str, step: Callable[[], object],
 
 def claim_bucket_zone(settings: Settings) -> None:
     """Record the zone this worker names daily buckets in, or exit if the namespace's buckets
-    are named in another (``connectors.bucket_zone``). Waits for Redis like for Kafka: the
+    are named in another (``costline.connectors.bucket_zone``). Waits for Redis like for Kafka: the
     check must pass before anything is counted."""
     from redis import Redis, exceptions
 
-    from connectors import bucket_zone
-    from streams.aggregator import REDIS_DOWN
+    from costline.connectors import bucket_zone
+    from costline.streams.worker.aggregator import REDIS_DOWN
 
     redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     refusals = (bucket_zone.ZoneMismatch, exceptions.AuthenticationError)
@@ -74,7 +74,7 @@ def claim_bucket_zone(settings: Settings) -> None:
 
 
 def _kafka_answers(bootstrap: str, security: KafkaSecurity) -> bool:
-    from connectors.kafka import KafkaUnavailable, api_versions
+    from costline.connectors.kafka import KafkaUnavailable, api_versions
 
     try:
         api_versions(bootstrap, timeout_s=2.0, security=security)
@@ -93,10 +93,10 @@ def register(app: typer.Typer) -> None:
         """Run the Faust stream processors (aggregation into Redis) until stopped."""
         import faust
 
-        from connectors.kafka import KafkaLoginFailed
-        from streams.app import build_app
-        from streams.cli import settings_of
-        from streams.topics import create_topics
+        from costline.connectors.kafka import KafkaLoginFailed
+        from costline.streams.cli.root import settings_of
+        from costline.streams.topics import create_topics
+        from costline.streams.worker.app import build_app
 
         settings = settings_of(ctx)
         claim_bucket_zone(settings)
@@ -120,11 +120,11 @@ def register(app: typer.Typer) -> None:
                 _until_kafka_answers(settings.kafka_bootstrap,
                                      lambda: _kafka_answers(settings.kafka_bootstrap, security) or
                                      _raise_unavailable(settings.kafka_bootstrap))
-                os.execv(sys.executable, [sys.executable, "-m", "streams", *sys.argv[1:]])
+                os.execv(sys.executable, [sys.executable, "-m", "costline.streams", *sys.argv[1:]])
             raise
 
 
 def _raise_unavailable(bootstrap: str) -> None:
-    from connectors.kafka import KafkaUnavailable
+    from costline.connectors.kafka import KafkaUnavailable
 
     raise KafkaUnavailable(f"no Kafka broker answered at {bootstrap}")

@@ -7,7 +7,7 @@ import json
 import typer
 from rich.console import Console
 
-from connectors.kafka import (
+from costline.connectors.kafka import (
     KafkaLoginFailed,
     KafkaUnavailable,
     TopicError,
@@ -16,9 +16,9 @@ from connectors.kafka import (
     check_login,
     ensure_topics,
 )
-from streams.cli import settings_of
-from streams.commands import command_group
-from streams.topics import topic_specs
+from costline.streams.cli import command_group
+from costline.streams.cli.root import settings_of
+from costline.streams.topics import topic_specs
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 

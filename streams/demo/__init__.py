@@ -1,0 +1,1 @@
+"""The demo: a training cluster's scenario, its data, and the command that plays it."""

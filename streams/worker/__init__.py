@@ -1,0 +1,2 @@
+"""The worker: the Faust app, its agents, the aggregation, evaluation, notification and
+reclamation."""
