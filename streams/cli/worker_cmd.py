@@ -56,7 +56,7 @@ def claim_bucket_zone(settings: Settings) -> None:
     from redis import Redis, exceptions
 
     from costline.connectors import bucket_zone
-    from costline.streams.worker.aggregator import REDIS_DOWN
+    from costline.streams.worker.retry import REDIS_DOWN
 
     redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     refusals = (bucket_zone.ZoneMismatch, exceptions.AuthenticationError)
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
 
         from costline.connectors.kafka import KafkaLoginFailed
         from costline.streams.cli.root import settings_of
-        from costline.streams.topics import create_topics
+        from costline.streams.topics import LEDGER, create_topics, partitions_of
         from costline.streams.worker.app import build_app
 
         settings = settings_of(ctx)
@@ -105,7 +105,8 @@ def register(app: typer.Typer) -> None:
         except KafkaLoginFailed as exc:  # waiting would not make the password right
             typer.echo(f"costline worker: {exc}", err=True)
             raise typer.Exit(2) from exc
-        app, _ = build_app(settings)
+        partitions = partitions_of(settings, LEDGER)
+        app, _ = build_app(settings, partitions)
         logging.getLogger("costline").setLevel(loglevel.upper())
         started = time.monotonic()
         try:
@@ -118,13 +119,14 @@ def register(app: typer.Typer) -> None:
                 typer.echo("costline worker: Kafka went away while starting; starting again "
                            "once it answers", err=True)
                 _until_kafka_answers(settings.kafka_bootstrap,
-                                     lambda: _kafka_answers(settings.kafka_bootstrap, security) or
-                                     _raise_unavailable(settings.kafka_bootstrap))
+                                     lambda: _answering(settings.kafka_bootstrap, security))
                 os.execv(sys.executable, [sys.executable, "-m", "costline.streams", *sys.argv[1:]])
             raise
 
 
-def _raise_unavailable(bootstrap: str) -> None:
+def _answering(bootstrap: str, security: KafkaSecurity) -> None:
+    """Return once Kafka answers; raise ``KafkaUnavailable`` (to be waited out) until then."""
     from costline.connectors.kafka import KafkaUnavailable
 
-    raise KafkaUnavailable(f"no Kafka broker answered at {bootstrap}")
+    if not _kafka_answers(bootstrap, security):
+        raise KafkaUnavailable(f"no Kafka broker answered at {bootstrap}")
