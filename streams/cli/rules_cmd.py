@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.backtest import read_events, run_backtest
 from costline.rules.durations import parse_time
 from costline.rules.engine import Engine
@@ -38,7 +39,7 @@ def validate(
     """Exit 0 if every rule file is valid; else print FILE:LINE:COL: message per problem."""
     settings = settings_of(ctx)
     try:
-        ruleset = load_rules(paths, settings.timezone)
+        ruleset = load_rules(paths, settings.timezone, plugins=PLUGINS)
     except SourceInvalid as exc:
         _problems(exc)
     files = len(rule_files(paths))
@@ -48,7 +49,7 @@ def validate(
 @rules_app.command("schema")
 def schema() -> None:
     """Print the JSON Schema of rule files (for editors and CI)."""
-    typer.echo(json.dumps(rules_json_schema(), indent=2))
+    typer.echo(json.dumps(rules_json_schema(PLUGINS), indent=2))
 
 
 @rules_app.command("test")
@@ -59,7 +60,7 @@ def test(
     """Run rule unit tests: given events, expect alerts. Exit 1 if any test fails."""
     settings = settings_of(ctx)
     try:
-        report = run_rule_tests(file, settings.prices, settings.timezone)
+        report = run_rule_tests(file, settings.prices, settings.timezone, plugins=PLUGINS)
     except SourceInvalid as exc:
         _problems(exc)
     _print_report(report)
@@ -85,7 +86,9 @@ def backtest(
         raise typer.BadParameter(str(exc), param_hint="--until") from exc
     try:
         prices = PriceBook.load(settings.prices)
-        engine = Engine.for_prices(load_rules([rules], settings.timezone), prices)
+        engine = Engine.for_prices(
+            load_rules([rules], settings.timezone, plugins=PLUGINS), prices
+        )
     except SourceInvalid as exc:
         _problems(exc)
     try:

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.events import AnyEvent
+from costline.rules.loader import rules_json_schema
 from costline.streams.cli import rules_cmd
 from costline.streams.cli.root import _register, app
 from tests.unit.rulefiles.builders import MIN, T0, sample, usage
@@ -51,6 +53,19 @@ def test_schema_prints_the_json_schema(run: CliRunner) -> None:
     schema = json.loads(out)
     assert schema["title"] == "costline rule file"
     assert "IdleRule" in schema["$defs"]
+
+
+def test_schema_is_the_one_the_loader_checks_against(run: CliRunner) -> None:
+    """Every connector with the parameters it takes where it runs (Kubernetes ``delete``,
+    Slurm's ``job_id_tag``, the common ``approval``), whatever the command imported."""
+    code, out = costline(run, "rules", "schema")
+    assert code == 0
+    schema = json.loads(out)
+    assert schema == rules_json_schema(PLUGINS)
+    options = {o["properties"]["connector"]["const"]: o["properties"]
+               for o in schema["$defs"]["Reclaim"]["oneOf"]}
+    assert options["kubernetes"]["action"]["enum"] == ["scale_to_zero", "delete"]
+    assert {"job_id_tag", "approval"} <= set(options["slurm"])
 
 
 def test_the_shipped_rule_tests_pass(run: CliRunner) -> None:
