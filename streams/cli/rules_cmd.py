@@ -1,4 +1,4 @@
-"""``costline rules``: validate, schema, test and backtest rule files (README, Using it).
+"""``costline rules``: validate, schema, reference, test and backtest rule files (README).
 
 Everything here is offline: these commands read files and run the pure engine, so they work
 in CI and in an editor hook without Kafka or Redis.
@@ -19,6 +19,7 @@ from costline.rules.engine import Engine
 from costline.rules.loader import load_rules, rule_files, rules_json_schema
 from costline.rules.memory_state import InMemoryState
 from costline.rules.prices import PriceBook
+from costline.rules.reference import reference_markdown
 from costline.rules.ruletest import RuleTestReport, run_rule_tests
 from costline.rules.yaml_source import SourceInvalid
 from costline.streams.cli import command_group
@@ -26,7 +27,8 @@ from costline.streams.cli.root import settings_of
 
 rules_app = typer.Typer(
     name="rules",
-    help="Rule files: validate, print the JSON Schema, run rule tests, backtest.",
+    help="Rule files: validate, print the JSON Schema or the reference, run rule tests, "
+    "backtest.",
     no_args_is_help=True,
 )
 
@@ -50,6 +52,12 @@ def validate(
 def schema() -> None:
     """Print the JSON Schema of rule files (for editors and CI)."""
     typer.echo(json.dumps(rules_json_schema(PLUGINS), indent=2))
+
+
+@rules_app.command("reference")
+def reference() -> None:
+    """Print the rule reference (docs/RULES.md): every kind and connector with its keys."""
+    typer.echo(reference_markdown(PLUGINS), nl=False)
 
 
 @rules_app.command("test")

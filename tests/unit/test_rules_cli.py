@@ -9,7 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from costline.connectors.plugins import PLUGINS
+from costline.connectors.reclaim import RECLAIMERS
 from costline.rules.events import AnyEvent
+from costline.rules.kinds import KINDS
 from costline.rules.loader import rules_json_schema
 from costline.streams.cli import rules_cmd
 from costline.streams.cli.root import _register, app
@@ -66,6 +68,15 @@ def test_schema_is_the_one_the_loader_checks_against(run: CliRunner) -> None:
                for o in schema["$defs"]["Reclaim"]["oneOf"]}
     assert options["kubernetes"]["action"]["enum"] == ["scale_to_zero", "delete"]
     assert {"job_id_tag", "approval"} <= set(options["slurm"])
+
+
+def test_reference_is_docs_rules_md(run: CliRunner) -> None:
+    code, out = costline(run, "rules", "reference")
+    assert code == 0
+    assert out == (ROOT / "docs" / "RULES.md").read_text(), (
+        "docs/RULES.md is out of date: costline rules reference > docs/RULES.md")
+    for name in [*KINDS, *RECLAIMERS]:
+        assert f"### `{name}`" in out
 
 
 def test_the_shipped_rule_tests_pass(run: CliRunner) -> None:
