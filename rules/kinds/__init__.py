@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -38,6 +39,22 @@ Severity = Literal["info", "warning", "critical"]
 Mode = Literal["live", "dry_run"]
 
 DEFAULT_REALERT_S = 4 * 3600
+
+
+def listed(what: str) -> BeforeValidator:
+    """A key that takes a list: anything else is refused with ``what`` a list of is expected
+    (``warn_at: 0.5`` reads "a list of fractions, e.g. [0.5, 0.8]", not "a valid tuple")."""
+
+    def check(value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise PydanticCustomError("list_expected", "Input should be a list of {what}",
+                                      {"what": what})
+        return value
+
+    return BeforeValidator(check)
+
+
+GroupBy = Annotated[tuple[DimensionKey, ...], listed("tag keys, e.g. [team, project]")]
 
 
 class Notify(BaseModel):
@@ -151,7 +168,7 @@ class Rule(BaseModel):
         description="tag → value the data must carry (a * glob allowed); also the "
         "pseudo-tags category and resource_type",
     )
-    group_by: tuple[DimensionKey, ...] = Field(
+    group_by: GroupBy = Field(
         (), description="tag keys: the rule is evaluated per distinct combination of them"
     )
     for_: Duration = Field(

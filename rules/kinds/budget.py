@@ -21,7 +21,7 @@ from costline.rules.findings import (
     money_text,
     top_contributors,
 )
-from costline.rules.kinds import ZONE_FIELD, Presentation, Rule, configured_zone, kind
+from costline.rules.kinds import ZONE_FIELD, Presentation, Rule, configured_zone, kind, listed
 from costline.rules.state import Group, StateView, align_down, through
 
 FORECAST_WINDOW_S = 6 * 3600
@@ -34,6 +34,9 @@ Fraction = Annotated[
     Field(gt=0, lt=1),
     WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}),
 ]
+
+
+WarningLines = Annotated[tuple[Fraction, ...], listed("fractions, e.g. [0.5, 0.8]")]
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class BudgetRule(Rule):
     period: Period = Field("month", description="the calendar period: day, week or month")
     timezone: TimeZoneName = ZONE_FIELD
     limit: Money = Field(description="the budget line: spend per group and period")
-    warn_at: tuple[Fraction, ...] = Field(
+    warn_at: WarningLines = Field(
         (), description="warning lines, as fractions of limit below 1, ascending"
     )
     forecast: bool = Field(

@@ -79,6 +79,13 @@ def test_reference_is_docs_rules_md(run: CliRunner) -> None:
         assert f"### `{name}`" in out
 
 
+def test_validate_says_warn_at_is_a_list_of_fractions(run: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "budget.yaml"
+    path.write_text("rules:\n  - name: b\n    kind: budget\n    limit: 100\n    warn_at: 0.5\n")
+    assert costline(run, "rules", "validate", str(path)) == (
+        1, f"{path}:5:5: rules.0.warn_at: Input should be a list of fractions, e.g. [0.5, 0.8]\n")
+
+
 def test_the_shipped_rule_tests_pass(run: CliRunner) -> None:
     code, out = costline(run, "rules", "test", str(DEFINITIONS / "tests" / "cluster_test.yaml"))
     assert code == 0, out
