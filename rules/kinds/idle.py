@@ -58,8 +58,9 @@ class Reclaim(BaseModel):
     @field_validator("connector")
     @classmethod
     def _known(cls, name: str, info: ValidationInfo) -> str:
-        if name not in plugins_of(info).reclaimers:
-            known = ", ".join(sorted(plugins_of(info).reclaimers)) or "none"
+        reclaimers = plugins_of(info).reclaimers
+        if name not in reclaimers:
+            known = ", ".join(sorted(reclaimers)) or "none"
             raise PydanticCustomError(
                 "unknown_connector",
                 "unknown connector {name} (known: {known})",
