@@ -321,12 +321,12 @@ def gather(settings: Settings, request: ReportRequest) -> Report:
     """
     from redis import Redis
 
-    import costline.connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
     from costline.connectors.alert_store import AlertStore
+    from costline.connectors.plugins import PLUGINS
     from costline.connectors.redis_state import RedisState
     from costline.rules.loader import load_rules
 
-    rules = load_rules([settings.rules], settings.timezone)
+    rules = load_rules([settings.rules], settings.timezone, plugins=PLUGINS)
     redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     try:
         sources = Sources(

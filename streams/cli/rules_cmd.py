@@ -1,4 +1,4 @@
-"""``costline rules``: validate, schema, test and backtest rule files (README, Using it).
+"""``costline rules``: validate, schema, reference, test and backtest rule files (README).
 
 Everything here is offline: these commands read files and run the pure engine, so they work
 in CI and in an editor hook without Kafka or Redis.
@@ -12,12 +12,14 @@ from typing import Any
 
 import typer
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.backtest import read_events, run_backtest
 from costline.rules.durations import parse_time
 from costline.rules.engine import Engine
 from costline.rules.loader import load_rules, rule_files, rules_json_schema
 from costline.rules.memory_state import InMemoryState
 from costline.rules.prices import PriceBook
+from costline.rules.reference import reference_markdown
 from costline.rules.ruletest import RuleTestReport, run_rule_tests
 from costline.rules.yaml_source import SourceInvalid
 from costline.streams.cli import command_group
@@ -25,7 +27,8 @@ from costline.streams.cli.root import settings_of
 
 rules_app = typer.Typer(
     name="rules",
-    help="Rule files: validate, print the JSON Schema, run rule tests, backtest.",
+    help="Rule files: validate, print the JSON Schema or the reference, run rule tests, "
+    "backtest.",
     no_args_is_help=True,
 )
 
@@ -38,7 +41,7 @@ def validate(
     """Exit 0 if every rule file is valid; else print FILE:LINE:COL: message per problem."""
     settings = settings_of(ctx)
     try:
-        ruleset = load_rules(paths, settings.timezone)
+        ruleset = load_rules(paths, settings.timezone, plugins=PLUGINS)
     except SourceInvalid as exc:
         _problems(exc)
     files = len(rule_files(paths))
@@ -48,7 +51,13 @@ def validate(
 @rules_app.command("schema")
 def schema() -> None:
     """Print the JSON Schema of rule files (for editors and CI)."""
-    typer.echo(json.dumps(rules_json_schema(), indent=2))
+    typer.echo(json.dumps(rules_json_schema(PLUGINS), indent=2))
+
+
+@rules_app.command("reference")
+def reference() -> None:
+    """Print the rule reference (docs/RULES.md): every kind and connector with its keys."""
+    typer.echo(reference_markdown(PLUGINS), nl=False)
 
 
 @rules_app.command("test")
@@ -59,7 +68,7 @@ def test(
     """Run rule unit tests: given events, expect alerts. Exit 1 if any test fails."""
     settings = settings_of(ctx)
     try:
-        report = run_rule_tests(file, settings.prices, settings.timezone)
+        report = run_rule_tests(file, settings.prices, settings.timezone, plugins=PLUGINS)
     except SourceInvalid as exc:
         _problems(exc)
     _print_report(report)
@@ -85,7 +94,9 @@ def backtest(
         raise typer.BadParameter(str(exc), param_hint="--until") from exc
     try:
         prices = PriceBook.load(settings.prices)
-        engine = Engine.for_prices(load_rules([rules], settings.timezone), prices)
+        engine = Engine.for_prices(
+            load_rules([rules], settings.timezone, plugins=PLUGINS), prices
+        )
     except SourceInvalid as exc:
         _problems(exc)
     try:

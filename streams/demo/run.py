@@ -160,10 +160,11 @@ class Demo:
             slack.stop()
 
     def _channels(self) -> list[str]:
+        from costline.connectors.plugins import PLUGINS
         from costline.rules.loader import load_rules
 
         names = {self.settings.slack_fallback_channel.lstrip("#")}
-        for rule in load_rules([self.settings.rules], self.settings.timezone):
+        for rule in load_rules([self.settings.rules], self.settings.timezone, plugins=PLUGINS):
             notify = getattr(rule, "notify", None)
             if notify is None:
                 continue

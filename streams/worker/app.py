@@ -32,7 +32,6 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import ReadOnlyError
 
-import costline.connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
 from costline.connectors import bucket_zone
 from costline.connectors.alert_store import AlertStore
 from costline.connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions

@@ -21,7 +21,6 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-import costline.connectors.reclaim  # noqa: F401 - the connectors' rule parameters, as the worker knows them
 from costline.rules.engine import Engine, Evaluation
 from costline.rules.loader import RuleSet
 from costline.rules.prices import PriceBook

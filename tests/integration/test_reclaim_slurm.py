@@ -18,6 +18,7 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim import build_connectors
 from costline.connectors.reclaim.slurm import Completed, SlurmReclaimer, run_command
 from costline.connectors.reclaim_ledger import RedisReclaimLedger
@@ -54,7 +55,7 @@ STEP_S = 10.0
 def ruleset(grace: str = "3s", action: str = "cancel", extra: str = "",
             mode: str = "live") -> RuleSet:
     return load_rule_text(RULES % {"grace": grace, "action": action, "extra": extra,
-                                   "mode": mode})
+                                   "mode": mode}, plugins=PLUGINS)
 
 
 @dataclass

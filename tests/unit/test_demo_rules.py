@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.loader import load_rules
 from costline.streams.demo.run import Demo
 from costline.streams.settings import Settings
@@ -12,7 +13,7 @@ from costline.streams.settings import Settings
 @pytest.mark.parametrize("live", [True, False])
 def test_the_demo_rules_load_with_or_without_slurm(tmp_path, live):
     demo = Demo(Settings(state_dir=tmp_path), days=1, use_running=False, keep=False, quiet=True)
-    rules = load_rules([demo._rules(live)], "UTC")
+    rules = load_rules([demo._rules(live)], "UTC", plugins=PLUGINS)
     idle = [rule for rule in rules if rule.kind == "idle" and rule.reclaim is not None]
     assert idle, "the shipped rules reclaim idle GPUs"
     for rule in idle:
