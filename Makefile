@@ -1,6 +1,7 @@
 # costline: the usual entry points.
 #
 #   make test                      the test suite (CI runs exactly this, with REQUIRE_SERVICES=1)
+#   make test-oldest               the aggregation's tests on the oldest faust-streaming accepted
 #   make test PYTEST_ARGS='-m "not integration"'    only the fast tests
 #   make demo                      the whole pipeline on the embedded stack
 #   eval "$(make -s stack-up)"     local Kafka and Redis; STACK_ARGS='--kafka apache' for the real
@@ -18,7 +19,7 @@ STACK_ARGS  ?=
 STATE_DIR   ?=
 STATE_ARG   := $(if $(STATE_DIR),--state-dir $(STATE_DIR))
 
-.PHONY: test demo stack-up stack-down lint
+.PHONY: test test-oldest demo stack-up stack-down lint
 
 # The development environment: the package, test and lint tools, the embedded services.
 $(BIN)/pytest:
@@ -32,6 +33,21 @@ $(BIN)/costline:
 
 test: $(BIN)/pytest
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+# The oldest faust-streaming and aiokafka pyproject.toml accepts, in an environment of their
+# own: the unit tests and the aggregation's tests against the running services.
+OLDEST := .venv-oldest
+OLDEST_PINS := faust-streaming==0.12.0 aiokafka==0.13.0
+
+$(OLDEST)/bin/pytest:
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet -e '.[dev,embedded]' $(OLDEST_PINS)
+
+test-oldest: $(OLDEST)/bin/pytest
+	$(OLDEST)/bin/python -m pip show faust-streaming aiokafka | grep -E '^(Name|Version)'
+	$(OLDEST)/bin/python -m pytest -q -ra -m "not integration" tests/unit
+	$(OLDEST)/bin/python -m pytest -q -ra tests/integration/test_exactly_once.py \
+	    tests/integration/test_aggregation.py $(PYTEST_ARGS)
 
 demo: $(BIN)/costline
 	$(BIN)/costline demo
