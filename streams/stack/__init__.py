@@ -10,7 +10,7 @@ plain functions over a state folder::
 
 from __future__ import annotations
 
-from costline.streams.stack import brokers, stores  # noqa: F401 - fill the service registry
+from costline.streams.stack import brokers, cluster, stores  # noqa: F401 - fill the registry
 from costline.streams.stack.control import (
     ServiceState,
     StackInfo,
@@ -22,9 +22,10 @@ from costline.streams.stack.control import (
     up,
 )
 from costline.streams.stack.errors import StackError
-from costline.streams.stack.services import SERVICES, flavors
+from costline.streams.stack.services import NONE, SERVICES, flavors
 
 __all__ = [
+    "NONE",
     "SERVICES",
     "ServiceState",
     "StackError",
