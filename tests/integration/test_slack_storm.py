@@ -184,7 +184,7 @@ def test_the_worker_keeps_alerts_in_kafka_through_a_429_storm_and_a_kill_and_pos
     slack_thread.loop.call_soon_threadsafe(lambda: server.rate_limit_next(8, retry_after=2))
     store = redis.Redis.from_url(services.redis_url)
     day = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() - 60))
-    threads = [f"{kafka_namespace}:slack:thread:{alert_id('team-daily', {'team': t})}@{day}"
+    threads = [f"{{{kafka_namespace}:slack}}:thread:{alert_id('team-daily', {'team': t})}@{day}"
                for t in TEAMS]
     worker = Worker(env, tmp_path / "worker.log")
     worker.start()
