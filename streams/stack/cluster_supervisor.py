@@ -62,19 +62,22 @@ class Node:
 
 
 class Supervisor:
+    """Starts, makes one cluster of, watches and stops the nodes; a signal only sets
+    ``stopping``, which the loops look at between their steps."""
+
     def __init__(self, redis_server: str, redis_cli: str, host: str, nodes: list[Node]) -> None:
         self.redis_server, self.redis_cli, self.host = redis_server, redis_cli, host
         self.nodes = nodes
-        self.stopping = False
+        self.stopping: str | None = None  # the signal's name
 
     # -- signals ---------------------------------------------------------------------------
 
     def on_signal(self, signum: int, _: FrameType | None) -> None:
-        say(f"{signal.Signals(signum).name}: stopping the nodes")
-        self.stopping = True
+        self.stopping = signal.Signals(signum).name
 
     def check(self) -> None:
         if self.stopping:
+            say(f"{self.stopping}: stopping the nodes")
             raise Stopping
 
     # -- nodes -----------------------------------------------------------------------------
