@@ -131,10 +131,9 @@ def niceness(pid: int) -> int:
 
 @pytest.mark.parametrize(("nice", "expected"), [(None, 10), (0, 0), (5, 5)])
 def test_the_child_evaluates_at_its_niceness(
-        any_redis_url: str, namespace: str, nice: int | None, expected: int) -> None:
+        redis_url: str, namespace: str, nice: int | None, expected: int) -> None:
     given = {} if nice is None else {"evaluator_nice": nice}
-    runner = ProcessRunner(Settings(redis_url=any_redis_url, namespace=namespace, **given),
-                           PRICES)
+    runner = ProcessRunner(Settings(redis_url=redis_url, namespace=namespace, **given), PRICES)
     try:
         runner.evaluate(Engine.for_prices(NIGHTLY, PRICES), T0, full=True)
         assert runner.pid is not None
