@@ -1,9 +1,10 @@
 """``costline stack``: Kafka and Redis on loopback for development, tests and the demo.
 
-Importing the package registers every service kind (``brokers``, ``stores``); the verbs are
-plain functions over a state folder::
+Importing the package registers every service kind (``brokers``, ``stores``, ``cluster``); the
+verbs are plain functions over a state folder::
 
     info = up(Path(".costline/dev"), kafka="apache", redis="system")
+    info = up(Path(".costline/cluster"), kafka="none", redis="cluster", redis_port=0)
     restart(Path(".costline/dev"), "redis")   # by role or by name ("redis-server")
     down(Path(".costline/dev"))
 """

@@ -1,4 +1,5 @@
-"""The Redis-protocol stores a local stack can run: Debian's redis-server and embedded Valkey.
+"""The single Redis-protocol stores a local stack can run: Debian's redis-server and embedded
+Valkey (a Redis Cluster of redis-server nodes is ``cluster.py``).
 
 Both keep an append-only file in the state folder (fsync every second): spend totals are
 derived state, but tests restart the store mid-stream and expect the totals back, as a
