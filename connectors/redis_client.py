@@ -50,8 +50,8 @@ from redis.exceptions import (
 RedisClient: TypeAlias = Redis | RedisCluster
 AsyncRedisClient: TypeAlias = AsyncRedis | AsyncRedisCluster
 
-FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
-UNAVAILABLE: tuple[type[Exception], ...] = (
+FAILURES = (RedisError, RedisClusterException)
+UNAVAILABLE = (
     ConnectionError, TimeoutError, BusyLoadingError, ClusterDownError, RedisClusterException,
 )
 

@@ -22,7 +22,7 @@ from costline.connectors import bucket_zone
 from costline.connectors.reclaim_ledger import Pause, RedisReclaimLedger
 from costline.connectors.redis_apply import BatchWriter
 from costline.connectors.redis_client import FAILURES, connect, connect_async, connect_node
-from costline.connectors.redis_keys import Calendar, slot_tag
+from costline.connectors.redis_keys import Calendar
 from costline.connectors.redis_state import RedisState
 from costline.streams import stack
 from costline.streams.cli.root import _register, app
@@ -106,10 +106,10 @@ async def test_a_killed_master_comes_back_from_its_append_only_file_and_clients_
     assert code == 0
     spent = json.loads(out)["rows"]
 
-    # A master serving one of the partitions, other than the one the URL names if it can be.
+    # A master serving a partition that holds sums, not the one the URL names if it can be.
     cluster = connect(url)
     assert isinstance(cluster, RedisCluster)
-    masters = [cluster.get_node_from_key(slot_tag(namespace, p)) for p in range(PARTITIONS)]
+    masters = [cluster.get_node_from_key(slot) for slot in reader.slots()]
     victim = next((m for m in masters if m.port != urlsplit(url).port), masters[0])
     node = connect_node(f"redis://{victim.host}:{victim.port}/0")
     pid = int(node.info("server")["process_id"])
