@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 
+from costline.connectors.redis_client import connect_async
 from costline.connectors.slack_ledger import SlackLedger
 from costline.connectors.slack_render import AlertChange
 from costline.connectors.slack_sender import AMBIGUOUS_MARK, SlackNotifier
@@ -181,7 +181,7 @@ async def local_slack() -> AsyncIterator[LocalSlack]:
 
 @pytest.fixture
 async def slack_ledger(redis_url: str, namespace: str) -> AsyncIterator[SlackLedger]:
-    client = aioredis.from_url(redis_url)
+    client = connect_async(redis_url)
     yield SlackLedger(client, namespace)
     await client.aclose()
 

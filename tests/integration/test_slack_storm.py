@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 
+from costline.connectors.redis_client import connect_async
 from costline.connectors.slack_ledger import SlackLedger
 from costline.connectors.slack_sender import SlackNotifier
 from costline.connectors.slack_server import (
@@ -78,7 +78,7 @@ async def slack() -> AsyncIterator[LocalSlack]:
 
 @pytest.fixture
 async def ledger(redis_url: str, namespace: str) -> AsyncIterator[SlackLedger]:
-    client = aioredis.from_url(redis_url)
+    client = connect_async(redis_url)
     yield SlackLedger(client, namespace)
     await client.aclose()
 
