@@ -829,7 +829,7 @@ def root_alerts(server: Any, redis: Redis, namespace: str, known: Sequence[str]
     shown = []
     for channel in server.channels.values():
         for message in channel.messages:
-            fields = redis.hkeys(f"{namespace}:slack:root:{channel.id}:{message.ts}")
+            fields = redis.hkeys(f"{{{namespace}:slack}}:root:{channel.id}:{message.ts}")
             members = {f.decode()[2:].rsplit("@", 1)[0] for f in fields if f.startswith(b"m:")}
             content = json.dumps([message.text, message.blocks])
             shown.append(members | {alert for alert in known if alert in content})
@@ -843,7 +843,7 @@ def check_slack(slack: LocalSlackThread, bootstrap: str, redis_url: str,
     redis = Redis.from_url(redis_url)
     try:
         roots = root_alerts(server, redis, namespace, list(periods)) if server else []
-        ambiguous = int(redis.hget(f"{namespace}:slack:counts", "ambiguous") or 0)
+        ambiguous = int(redis.hget(f"{{{namespace}:slack}}:counts", "ambiguous") or 0)
     finally:
         redis.close()
     posts = {alert: sum(1 for shown in roots if alert in shown) for alert in periods}
@@ -1057,7 +1057,7 @@ def _md_checked() -> str:
         "again under the same key), holds exactly the malformed messages sent, compared as a "
         "multiset of raw bytes.",
         "**slack** — per alert id, the new (top-level) messages on the Slack server are at "
-        "most one per alert period plus the notifier's ambiguous count (`NS:slack:counts`: "
+        "most one per alert period plus the notifier's ambiguous count (`{NS:slack}:counts`: "
         "steps left in doubt by a process that died between a Slack call and its answer).",
         "**reclamation** — on `NS.actions.v1` (re-published records deduplicated by their "
         "bytes), each plan has at most one release record (`executed`, or the `dry_run` "

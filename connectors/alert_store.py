@@ -10,14 +10,13 @@ import json
 import secrets
 import time
 
-from redis import Redis
-
+from costline.connectors.redis_client import RedisClient
 from costline.rules.alerts import AlertBook
 from costline.rules.silences import Silence, unexpired
 
 
 class AlertStore:
-    def __init__(self, redis: Redis, namespace: str) -> None:
+    def __init__(self, redis: RedisClient, namespace: str) -> None:
         self.redis = redis
         self.book_key = f"{namespace}:alerts:book"
         self.silences_key = f"{namespace}:silences"

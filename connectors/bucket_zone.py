@@ -9,8 +9,7 @@ existing buckets would otherwise split days across two calendars without anyone 
 
 from __future__ import annotations
 
-from redis import Redis
-
+from costline.connectors.redis_client import RedisClient
 from costline.connectors.redis_keys import meta_key
 
 ZONE_FIELD = "bucket_timezone"
@@ -28,7 +27,7 @@ class ZoneMismatch(Exception):
         self.recorded, self.configured = recorded, configured
 
 
-def claim(redis: Redis, namespace: str, zone: str) -> None:
+def claim(redis: RedisClient, namespace: str, zone: str) -> None:
     """Record ``zone`` for the namespace unless one is recorded; refuse a different one.
 
     HSETNX makes the first worker's zone the namespace's for good, so two workers that start
@@ -41,7 +40,7 @@ def claim(redis: Redis, namespace: str, zone: str) -> None:
         raise ZoneMismatch(namespace, found, zone)
 
 
-def recorded(redis: Redis, namespace: str) -> str | None:
+def recorded(redis: RedisClient, namespace: str) -> str | None:
     """The zone the namespace's daily buckets are named in, or None before any worker ran."""
     raw = redis.hget(meta_key(namespace), ZONE_FIELD)
     if raw is None:

@@ -37,8 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
-from redis.asyncio import Redis
-
+from costline.connectors.redis_client import AsyncRedisClient
 from costline.rules.reclaim import Keep, Plan, PlanState, Tracked
 
 ClaimResult = Literal["claimed", "taken", "paused"]
@@ -226,7 +225,7 @@ return 1
 class RedisReclaimLedger:
     """The ledger every worker of a namespace shares."""
 
-    def __init__(self, redis: Redis, namespace: str = "costline") -> None:
+    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline") -> None:
         self._redis = redis
         self._p = f"{{{namespace}:reclaim}}"
         self._open = redis.register_script(_OPEN)

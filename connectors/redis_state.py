@@ -18,9 +18,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from pydantic_core import from_json
-from redis import Redis
 
 from costline.connectors import bucket_zone
+from costline.connectors.redis_client import RedisClient
 from costline.connectors.redis_keys import (
     LEGACY_USAGE,
     USAGE,
@@ -90,7 +90,7 @@ LogEntry = tuple[int, str, list[tuple[str, int]] | None]
 class RedisState:
     """Reads what the aggregation wrote; one instance may serve many queries."""
 
-    def __init__(self, redis: Redis, namespace: str, timezone: str) -> None:
+    def __init__(self, redis: RedisClient, namespace: str, timezone: str) -> None:
         """``timezone`` names daily buckets only while the namespace records no zone (before
         a worker has started on it)."""
         self.redis = redis

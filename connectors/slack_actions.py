@@ -28,10 +28,9 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from aiohttp import web
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 from slack_sdk.signature import Clock, SignatureVerifier
 
+from costline.connectors.redis_client import FAILURES, AsyncRedisClient
 from costline.connectors.slack_render import (
     APPROVE_ACTION,
     DIGEST_MENU_ACTION,
@@ -89,7 +88,7 @@ class ReplayGuard(Protocol):
 class RedisReplayGuard:
     """Remembers signatures in Redis (``SET NX EX``), so every worker refuses a replay."""
 
-    def __init__(self, redis: Redis, namespace: str = "costline") -> None:
+    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline") -> None:
         self._redis = redis
         self._prefix = f"{namespace}:slack:seen:"
 
@@ -174,7 +173,7 @@ class SlackActionsHandler:
                     request.headers["X-Slack-Signature"], 2 * MAX_AGE_S):
                 log.warning("Slack action refused: replayed request")
                 return _plain(401, "replayed request")
-        except (RedisError, OSError) as exc:
+        except FAILURES + (OSError,) as exc:
             log.error("cannot check for replays: %s", type(exc).__name__)
             return _plain(503, "try again")
         try:

@@ -12,6 +12,11 @@ its answer: Slack may or may not have the message. That step is *ambiguous*. The
 it again and counts it — a possible duplicate in a thread is the price of never losing an alert.
 An answer from Slack that says "not posted" (``ok: false``, 5xx, 429) clears the marker, so its
 retry is not counted as ambiguous.
+
+Every key shares the hash tag ``{NS:slack}``, so on a Redis Cluster the ledger lives in one
+slot and a root is written with its alerts' threads in one atomic script. Keys an earlier
+version wrote without the tag (``NS:slack:...``, only ever on a single Redis) are renamed to
+their tagged names when first used, so an upgrade neither re-posts nor forgets a thread.
 """
 
 from __future__ import annotations
@@ -23,10 +28,31 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.exceptions import ResponseError
+
+from costline.connectors.redis_client import AsyncRedisClient
 
 DEFAULT_TTL_S = 45 * 86400
 """Longest calendar period (a month) plus margin: a thread outlives its alert's period."""
+
+# KEYS: the root, then the thread of each alert it shows
+# ARGV: ttl, "<channel> <ts>", then per thread its member field and entry
+_SAVE_ROOT = """
+local ttl = tonumber(ARGV[1])
+for i = 2, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[2], 'EX', ttl)
+  redis.call('HSET', KEYS[1], ARGV[2 * i - 1], ARGV[2 * i])
+end
+redis.call('EXPIRE', KEYS[1], ttl)
+"""
+
+# KEYS: root, thread  ARGV: ttl, member field, entry
+_SET_MEMBER = """
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+"""
 
 
 class StepState(Enum):
@@ -54,13 +80,17 @@ class Member:
 
 
 class SlackLedger:
-    """Redis-backed; every key starts with ``{namespace}:slack:``."""
+    """Redis-backed; every key starts with ``{namespace:slack}:``."""
 
-    def __init__(self, redis: Redis, namespace: str = "costline",
+    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline",
                  ttl_s: int = DEFAULT_TTL_S) -> None:
         self._redis = redis
-        self._prefix = f"{namespace}:slack"
+        self._prefix = f"{{{namespace}:slack}}"
+        self._legacy_prefix = None if isinstance(redis, AsyncRedisCluster) else f"{namespace}:slack"
         self._ttl_s = ttl_s
+        self._counts_adopted = False
+        self._save_root = redis.register_script(_SAVE_ROOT)
+        self._set_member = redis.register_script(_SET_MEMBER)
 
     # ── keys ──────────────────────────────────────────────────────────────────────────────
 
@@ -76,25 +106,37 @@ class SlackLedger:
     def _counts_key(self) -> str:
         return f"{self._prefix}:counts"
 
+    async def _adopt(self, key: str) -> bool:
+        """Rename the untagged key an earlier version wrote for ``key``, if there is one and
+        ``key`` is not taken; True if it was."""
+        if self._legacy_prefix is None:
+            return False
+        legacy = self._legacy_prefix + key[len(self._prefix):]
+        try:
+            return bool(await self._redis.renamenx(legacy, key))
+        except ResponseError:  # no such key: nothing to adopt
+            return False
+
     # ── threads and roots ─────────────────────────────────────────────────────────────────
 
     async def thread(self, thread_key: str) -> ThreadRef | None:
-        raw = await self._redis.get(self._thread_key(thread_key))
-        if raw is None:
-            return None
-        channel, ts = _text(raw).split(" ", 1)
-        return ThreadRef(channel, ts)
+        key = self._thread_key(thread_key)
+        raw = await self._redis.get(key)
+        if raw is None and await self._adopt(key):
+            raw = await self._redis.get(key)
+            if raw is not None:
+                await self._adopt(self._root_key(_ref(raw)))
+        return None if raw is None else _ref(raw)
 
     async def save_root(self, ref: ThreadRef, records: Mapping[str, Mapping[str, Any]]) -> None:
-        """A new root message and the alerts it shows, written in one transaction."""
-        root = self._root_key(ref)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            for order, (thread_key, record) in enumerate(records.items()):
-                pipe.set(self._thread_key(thread_key), f"{ref.channel} {ref.ts}", ex=self._ttl_s)
-                entry = {"order": order, "record": record, "previous": None}
-                pipe.hset(root, f"m:{thread_key}", json.dumps(entry))
-            pipe.expire(root, self._ttl_s)
-            await pipe.execute()
+        """A new root message and the alerts it shows, written in one atomic script."""
+        keys = [self._root_key(ref)]
+        args: list[str | int] = [self._ttl_s, f"{ref.channel} {ref.ts}"]
+        for order, (thread_key, record) in enumerate(records.items()):
+            keys.append(self._thread_key(thread_key))
+            entry = {"order": order, "record": record, "previous": None}
+            args += [f"m:{thread_key}", json.dumps(entry)]
+        await self._save_root(keys=keys, args=args)
 
     async def members(self, ref: ThreadRef) -> list[Member]:
         """The alerts a root shows, in the order they were first posted."""
@@ -111,12 +153,8 @@ class SlackLedger:
     async def set_member(self, ref: ThreadRef, thread_key: str, record: Mapping[str, Any],
                          previous: Mapping[str, Any] | None, order: int) -> None:
         entry = {"order": order, "record": record, "previous": previous}
-        root = self._root_key(ref)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(root, f"m:{thread_key}", json.dumps(entry))
-            pipe.expire(root, self._ttl_s)
-            pipe.expire(self._thread_key(thread_key), self._ttl_s)
-            await pipe.execute()
+        await self._set_member(keys=[self._root_key(ref), self._thread_key(thread_key)],
+                               args=[self._ttl_s, f"m:{thread_key}", json.dumps(entry)])
 
     async def notes(self, ref: ThreadRef) -> list[str]:
         raw = await self._redis.hget(self._root_key(ref), "notes")
@@ -132,6 +170,7 @@ class SlackLedger:
     async def begin(self, thread_key: str, change_key: str, step: str) -> StepState:
         """Claim a step before calling Slack; tells whether it was done or left in doubt."""
         key = self._change_key(thread_key, change_key)
+        await self._adopt(key)
         claimed = await self._redis.hsetnx(key, step, f"pending {time.time():.3f}")
         if claimed:
             await self._redis.expire(key, self._ttl_s)
@@ -144,7 +183,9 @@ class SlackLedger:
 
     async def steps(self, thread_key: str, change_key: str) -> dict[str, str]:
         """The markers of a change's steps, to recognise a change already delivered."""
-        raw = await self._redis.hgetall(self._change_key(thread_key, change_key))
+        key = self._change_key(thread_key, change_key)
+        await self._adopt(key)
+        raw = await self._redis.hgetall(key)
         return {_text(k): _text(v) for k, v in raw.items()}
 
     async def finish(self, thread_key: str, change_key: str, step: str, ts: str) -> None:
@@ -158,11 +199,23 @@ class SlackLedger:
     # ── counters ──────────────────────────────────────────────────────────────────────────
 
     async def count(self, name: str, by: int = 1) -> None:
+        await self._adopt_counts()
         await self._redis.hincrby(self._counts_key(), name, by)
 
     async def counts(self) -> dict[str, int]:
+        await self._adopt_counts()
         raw = await self._redis.hgetall(self._counts_key())
         return {_text(k): int(v) for k, v in raw.items()}
+
+    async def _adopt_counts(self) -> None:
+        if not self._counts_adopted:
+            await self._adopt(self._counts_key())
+            self._counts_adopted = True
+
+
+def _ref(raw: Any) -> ThreadRef:
+    channel, ts = _text(raw).split(" ", 1)
+    return ThreadRef(channel, ts)
 
 
 def _text(value: Any) -> str:

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
-from redis.exceptions import RedisError
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.builtin_async_handlers import (
@@ -48,6 +47,7 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
+from costline.connectors.redis_client import FAILURES
 from costline.connectors.slack_ledger import Member, SlackLedger, StepState, ThreadRef
 from costline.connectors.slack_render import (
     AlertChange,
@@ -269,7 +269,7 @@ class SlackNotifier:
             return outcomes + [self._log_only(change) for change in changes]
         try:
             jobs, unposted = await self._plan(changes)
-        except RedisError as exc:
+        except FAILURES as exc:
             raise DeliveryError(f"the Slack ledger is unavailable ({type(exc).__name__})"
                                 ) from None
         outcomes += unposted
@@ -281,7 +281,7 @@ class SlackNotifier:
                 continue
             try:
                 outcomes += await self._run(job)
-            except (DeliveryError, RedisError) as exc:
+            except (DeliveryError,) + FAILURES as exc:
                 log.warning("alert %s not delivered yet: %s", job[0].alert_id, _describe(exc))
                 held.update(c.thread_key for c in job)
                 postponed.append(job[0].alert_id)

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from redis import Redis
-
 from costline.connectors.kafka import admin, consumer
+from costline.connectors.redis_client import RedisClient
 from costline.connectors.redis_keys import slot_tag, wm_key
 from costline.streams.settings import Settings
 from costline.streams.topics import INPUTS, LEDGER
@@ -29,7 +28,7 @@ class Behind:
         return self.inputs == 0 and self.ledger == 0
 
 
-def behind(settings: Settings, redis: Redis) -> Behind:
+def behind(settings: Settings, redis: RedisClient) -> Behind:
     """Input first, then the ledger: a ledger end read after intake committed everything holds
     every record that input made."""
     security = settings.kafka_security()

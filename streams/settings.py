@@ -25,16 +25,14 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from redis.connection import parse_url
 
 from costline import rules
 from costline.connectors.kafka_security import KafkaSecurity, KafkaSecurityError
+from costline.connectors.redis_client import check_url
 
 RULES_PACKAGE = Path(rules.__file__).parent
 DEFAULT_RULES = RULES_PACKAGE / "definitions"
 DEFAULT_PRICES = RULES_PACKAGE / "prices" / "example.yaml"
-# redis-py reads these from a rediss:// URL's query and opens the files at connect time.
-REDIS_TLS_FILES = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
 ENV_PREFIX = "COSTLINE_"
 
 
@@ -215,21 +213,9 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _readable_redis_url(cls, value: str) -> str:
-        """Read once here, so a URL redis-py cannot read fails with a message of ours: its own
-        (e.g. ``Port could not be cast to integer value as 's3cr'``) can quote the password."""
-        try:
-            options = parse_url(value)
-        except ValueError:
-            raise ValueError(
-                "not a Redis URL: redis://, rediss:// or unix://, with any of : / ? # @ in "
-                "the user name or password percent-encoded") from None
-        tls_options = sorted(key for key in options if key.startswith("ssl_"))
-        if tls_options and not value.startswith("rediss://"):
-            # redis-py would fail only at the first command, with a TypeError.
-            raise ValueError(f"{', '.join(tls_options)} in the Redis URL need a rediss:// URL")
-        for key in REDIS_TLS_FILES:
-            if key in options and not Path(options[key]).exists():
-                raise ValueError(f"{key} in the Redis URL: no such file {options[key]}")
+        """Read once here, so a URL redis-py cannot read fails with a message of ours, which
+        never quotes the password (``costline.connectors.redis_client.check_url``)."""
+        check_url(value)
         return value
 
     @field_validator("timezone")

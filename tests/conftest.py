@@ -2,9 +2,10 @@
 
 The services are the ones the environment names (``COSTLINE_KAFKA_BOOTSTRAP``,
 ``COSTLINE_REDIS_URL``; the contract's defaults otherwise), usually exported from
-``costline stack up``. A test whose service does not answer is skipped with the reason, but
-fails when ``REQUIRE_SERVICES=1`` (CI sets it): a broken CI stack must never pass as
-"everything skipped".
+``costline stack up``; a Redis Cluster is ``COSTLINE_TEST_REDIS_CLUSTER_URL`` (CI starts one
+with ``costline stack up --kafka none --redis cluster``). A test whose service does not answer
+is skipped with the reason, but fails when ``REQUIRE_SERVICES=1`` (CI sets it): a broken CI
+stack must never pass as "everything skipped".
 
 Each test gets its own ``namespace`` (``t`` + random hex), so topics, consumer groups and
 Redis keys of two tests never meet, even against a shared, long-lived broker.
@@ -21,11 +22,14 @@ from typing import NoReturn
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from costline.connectors.kafka import KafkaUnavailable, api_versions
+from costline.connectors.redis_client import FAILURES, connect
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+CLUSTER_URL_VARIABLE = "COSTLINE_TEST_REDIS_CLUSTER_URL"
 
 
 def services_required() -> bool:
@@ -74,6 +78,32 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster_url() -> str:
+    """The URL of a Redis Cluster every node of which answers (``COSTLINE_TEST_REDIS_CLUSTER_URL``;
+    ``costline stack up --kafka none --redis cluster --redis-port 0 --state-dir DIR`` prints
+    one)."""
+    url = os.environ.get(CLUSTER_URL_VARIABLE)
+    if not url:
+        unavailable("a Redis Cluster", f"{CLUSTER_URL_VARIABLE} is not set")
+    try:
+        with connect(url, timeout_s=3.0, connect_timeout_s=3.0) as client:
+            if not isinstance(client, RedisCluster):
+                unavailable(f"a Redis Cluster at {url}", "it is a single Redis")
+            client.ping(target_nodes=RedisCluster.ALL_NODES)
+    except FAILURES + (OSError,) as exc:
+        unavailable(f"a Redis Cluster at {url}", f"{type(exc).__name__}: {exc}")
+    return url
+
+
+@pytest.fixture(params=["single", "cluster"])
+def any_redis_url(request: pytest.FixtureRequest) -> str:
+    """A test that takes it runs twice: against a single Redis (``redis_url``) and against a
+    Redis Cluster (``redis_cluster_url``)."""
+    fixture = "redis_url" if request.param == "single" else "redis_cluster_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture(scope="session")
 def services(kafka_bootstrap: str, redis_url: str) -> Services:
     """Both services, for tests that run the whole pipeline."""
     return Services(kafka_bootstrap, redis_url)
@@ -105,16 +135,15 @@ def kafka_namespace(kafka_bootstrap: str, namespace: str) -> Iterator[str]:
 
 def forget_redis_keys(url: str, namespace: str) -> None:
     """Delete what a test of this namespace left in Redis, so a shared Redis (a developer's
-    stack, where the benchmarks also run) does not keep growing. Best effort."""
-    client = redis.Redis.from_url(url, socket_timeout=3.0, socket_connect_timeout=3.0)
+    stack, where the benchmarks also run) does not keep growing. Best effort. A cluster
+    client scans every node and deletes slot by slot."""
     try:
-        keys = list(client.scan_iter(match=f"*{namespace}*", count=1000))
-        for first in range(0, len(keys), 1000):
-            client.delete(*keys[first:first + 1000])
-    except (redis.RedisError, OSError):
+        with connect(url, timeout_s=3.0, connect_timeout_s=3.0) as client:
+            keys = list(client.scan_iter(match=f"*{namespace}*", count=1000))
+            for first in range(0, len(keys), 1000):
+                client.delete(*keys[first:first + 1000])
+    except FAILURES + (OSError,):
         pass
-    finally:
-        client.close()
 
 
 @pytest.fixture

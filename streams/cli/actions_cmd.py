@@ -18,15 +18,14 @@ T = TypeVar("T")
 
 def _with_ledger(ctx: typer.Context, use: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``use(ledger)`` against the namespace's Redis ledger."""
-    from redis.asyncio import Redis
-
     from costline.connectors.reclaim_ledger import RedisReclaimLedger
+    from costline.connectors.redis_client import connect_async
     from costline.streams.cli.root import settings_of
 
     settings = settings_of(ctx)
+    redis = connect_async(settings.redis_url)
 
     async def run() -> T:
-        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=10)
         try:
             return await use(RedisReclaimLedger(redis, settings.namespace))
         finally:

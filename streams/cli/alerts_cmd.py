@@ -13,15 +13,13 @@ from costline.streams.cli import command_group
 
 
 def _store(ctx: typer.Context) -> Any:
-    from redis import Redis
-
     from costline.connectors.alert_store import AlertStore
+    from costline.connectors.redis_client import connect
     from costline.streams.cli.root import settings_of
 
     settings = settings_of(ctx)
     # A Redis that never answers ends the command with an error instead of hanging it.
-    return AlertStore(Redis.from_url(settings.redis_url, socket_connect_timeout=5,
-                                     socket_timeout=10), settings.namespace)
+    return AlertStore(connect(settings.redis_url), settings.namespace)
 
 
 def parse_matchers(pairs: Sequence[str]) -> dict[str, str]:

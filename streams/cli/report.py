@@ -44,6 +44,7 @@ from costline.rules.reclaim import hourly_cost
 from costline.rules.state import Group, Measure, align_down, group_of, matches, through
 
 if TYPE_CHECKING:
+    from costline.connectors.redis_client import AsyncRedisClient
     from costline.streams.settings import Settings
 
 HOUR_S = 3600
@@ -317,23 +318,23 @@ def gather(settings: Settings, request: ReportRequest) -> Report:
     """Read everything for ``request`` from the namespace ``settings`` name.
 
     Raises ``costline.rules.loader.RulesInvalid`` for a rule set that does not load and
-    ``redis.RedisError`` when Redis does not answer.
+    one of ``costline.connectors.redis_client.FAILURES`` when Redis does not answer.
     """
-    from redis import Redis
-
     from costline.connectors.alert_store import AlertStore
     from costline.connectors.plugins import PLUGINS
+    from costline.connectors.redis_client import connect, connect_async
     from costline.connectors.redis_state import RedisState
     from costline.rules.loader import load_rules
 
     rules = load_rules([settings.rules], settings.timezone, plugins=PLUGINS)
-    redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    redis = connect(settings.redis_url, timeout_s=30)
     try:
         sources = Sources(
             state=RedisState(redis, settings.namespace, settings.timezone),
             rules=rules,
             alerts=AlertStore(redis, settings.namespace).book(),
-            actions=asyncio.run(_action_history(settings.redis_url, settings.namespace)),
+            actions=asyncio.run(_action_history(connect_async(settings.redis_url, timeout_s=30),
+                                                settings.namespace)),
             prices=PriceBook.load(settings.prices),
             namespace=settings.namespace,
         )
@@ -342,12 +343,9 @@ def gather(settings: Settings, request: ReportRequest) -> Report:
         redis.close()
 
 
-async def _action_history(redis_url: str, namespace: str) -> list[dict[str, Any]]:
-    from redis.asyncio import Redis
-
+async def _action_history(redis: AsyncRedisClient, namespace: str) -> list[dict[str, Any]]:
     from costline.connectors.reclaim_ledger import RedisReclaimLedger
 
-    redis = Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=30)
     try:
         return await RedisReclaimLedger(redis, namespace).history(ACTIONS_READ)
     finally:

@@ -12,28 +12,38 @@ from typing import Any
 
 import typer
 from pydantic import ValidationError
-from redis.exceptions import AuthenticationError, BusyLoadingError, RedisError
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    ClusterDownError,
+    RedisClusterException,
+    RedisError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from typer.core import TyperGroup
 
+from costline.connectors.redis_client import FAILURES, ClusterUrlError
 from costline.streams.settings import Settings, known_zone, without_password
 
 # How a command reports Redis failing it, most specific first. Redis being down, slow or
 # still loading is the environment's doing, not a bug of the command: one line says enough.
-REDIS_FAILURES: tuple[tuple[type[RedisError], str], ...] = (
+REDIS_FAILURES: tuple[tuple[type[Exception], str], ...] = (
     (BusyLoadingError, "is still loading its data"),
     (AuthenticationError, "refused the login"),
     (RedisTimeoutError, "did not answer in time"),
     (RedisConnectionError, "did not answer"),
+    (ClusterDownError, "is a Redis Cluster that is down"),
     (RedisError, "answered with an error"),
+    (ClusterUrlError, "is a Redis Cluster"),
+    (RedisClusterException, "is a Redis Cluster that did not answer"),
 )
 # ``ctx.meta`` key (shared by every context of one invocation): the command that asked for
 # the settings, named in the failure line, e.g. ``costline reclaim status``.
 _COMMAND = "costline.command"
 
 
-def redis_failure(command: str, redis_url: str, exc: RedisError) -> str:
+def redis_failure(command: str, redis_url: str, exc: Exception) -> str:
     """The one line a command prints when Redis fails it; the URL without its password."""
     what = next(text for kind, text in REDIS_FAILURES if isinstance(exc, kind))
     return f"{command}: Redis at {without_password(redis_url)} {what}: {exc}"
@@ -46,7 +56,7 @@ class _Costline(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except RedisError as exc:
+        except FAILURES as exc:
             if not isinstance(ctx.obj, Settings):
                 raise
             command = ctx.meta.get(_COMMAND, f"costline {ctx.invoked_subcommand}")

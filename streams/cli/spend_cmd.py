@@ -164,8 +164,7 @@ def register(app: typer.Typer) -> None:
                                      "with --peaks), amounts as decimal strings."),
     ) -> None:
         """Spend and waste per group for a day, week or month."""
-        from redis import Redis
-
+        from costline.connectors.redis_client import connect
         from costline.connectors.redis_state import RedisState
         from costline.rules.durations import parse_time, period_bounds
         from costline.rules.prices import PriceBook
@@ -181,8 +180,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc), param_hint="--at") from exc
         start, end = period_bounds(moment, period, zone or settings.timezone)  # type: ignore[arg-type]
         # A Redis that never answers ends the command with an error instead of hanging it.
-        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
-        state = RedisState(redis, settings.namespace, settings.timezone)
+        state = RedisState(connect(settings.redis_url, timeout_s=30), settings.namespace,
+                           settings.timezone)
         currency = PriceBook.load(settings.prices).currency
         report = spend_report(state, currency, keys, parse_filters(where), start, end,
                               peaks)

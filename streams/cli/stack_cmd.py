@@ -56,14 +56,14 @@ def _table(info: stack.StackInfo) -> Table:
 
 
 def _choices(role: str) -> str:
-    return "[" + "|".join(stack.flavors(role)) + "]"
+    return "[" + "|".join([*stack.flavors(role), stack.NONE]) + "]"
 
 
 def _flavor(role: str) -> Callable[[str], str]:
     """Validate a flavor against the service registry (new kinds need no CLI change)."""
 
     def check(value: str) -> str:
-        if value not in stack.flavors(role):
+        if value not in (*stack.flavors(role), stack.NONE):
             raise typer.BadParameter(f"{value!r} is not one of {_choices(role)}")
         return value
 
@@ -86,14 +86,17 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         kafka: str = typer.Option(
             "embedded", callback=_flavor("kafka"), metavar=_choices("kafka"),
-            help="embedded: Tansu, in memory, instant. apache: Apache Kafka 4.1 (KRaft, on disk).",
+            help="embedded: Tansu, in memory, instant. apache: Apache Kafka 4.1 (KRaft, on "
+            "disk). none: no Kafka here.",
         ),
         redis: str = typer.Option(
             "embedded", callback=_flavor("redis"), metavar=_choices("redis"),
-            help="embedded: Valkey from the wheel. system: the installed redis-server.",
+            help="embedded: Valkey from the wheel. system: the installed redis-server. "
+            "cluster: a Redis Cluster of three redis-server masters (ports REDIS_PORT to "
+            "REDIS_PORT+5). none: no Redis here.",
         ),
         kafka_port: int = typer.Option(9092, min=0, max=65534, help="0 picks a free port."),
-        redis_port: int = typer.Option(6379, min=0, max=65535, help="0 picks a free port."),
+        redis_port: int = typer.Option(6379, min=0, max=65535, help="0 picks free ports."),
         state_dir: Path | None = typer.Option(None, help=STATE_DIR_HELP),
         kafka_libs: Path | None = typer.Option(
             None, envvar="COSTLINE_KAFKA_LIBS",

@@ -53,24 +53,23 @@ def claim_bucket_zone(settings: Settings) -> None:
     """Record the zone this worker names daily buckets in, or exit if the namespace's buckets
     are named in another (``costline.connectors.bucket_zone``). Waits for Redis like for Kafka: the
     check must pass before anything is counted."""
-    from redis import Redis, exceptions
+    from redis import exceptions
 
     from costline.connectors import bucket_zone
-    from costline.streams.worker.retry import REDIS_DOWN
+    from costline.connectors.redis_client import UNAVAILABLE, ClusterUrlError, connect
 
-    redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
-    refusals = (bucket_zone.ZoneMismatch, exceptions.AuthenticationError)
+    def claim() -> None:
+        with connect(settings.redis_url) as redis:
+            bucket_zone.claim(redis, settings.namespace, settings.timezone)
+
+    refusals = (bucket_zone.ZoneMismatch, exceptions.AuthenticationError, ClusterUrlError)
     try:
         # The URL is not repeated: it may carry a password.
-        _until_answers("Redis", lambda: bucket_zone.claim(redis, settings.namespace,
-                                                          settings.timezone),
-                       REDIS_DOWN, final=refusals)
+        _until_answers("Redis", claim, UNAVAILABLE + (OSError,), final=refusals)
     except refusals as exc:
-        # Waiting would change neither the recorded zone nor the password.
+        # Waiting would change neither the recorded zone, the password nor the URL.
         typer.echo(f"costline worker: {exc}", err=True)
         raise typer.Exit(2) from exc
-    finally:
-        redis.close()
 
 
 def _kafka_answers(bootstrap: str, security: KafkaSecurity) -> bool:

@@ -223,14 +223,13 @@ class Demo:
                          timeout: float = 180) -> None:
         from unittest import mock
 
-        from redis import Redis
-
+        from costline.connectors.redis_client import connect
         from costline.streams.progress import behind
         from costline.streams.settings import Settings
 
         with mock.patch.dict(os.environ, env):
             settings = Settings()
-        redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
+        redis = connect(env["COSTLINE_REDIS_URL"])
         deadline = time.time() + timeout
         with console.status("The worker is counting…") if not self.quiet else _null():
             while time.time() < deadline:
@@ -243,9 +242,9 @@ class Demo:
 
     def _settle(self, env: dict[str, str], quiet_for: float = 8.0, most: float = 45.0) -> None:
         """Wait until the rules have had their say: no new alert change for ``quiet_for``."""
-        from redis import Redis
+        from costline.connectors.redis_client import connect
 
-        redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
+        redis = connect(env["COSTLINE_REDIS_URL"])
         key = f"{self.namespace}:alerts:book"
         last, changed, began = None, time.time(), time.time()
         while time.time() - began < most:
@@ -290,14 +289,13 @@ class Demo:
     # -- summary ------------------------------------------------------------------------
 
     def _summary(self, env: dict[str, str], slack: Any) -> dict[str, Any]:
-        from redis import Redis
-
         from costline.connectors.alert_store import AlertStore
+        from costline.connectors.redis_client import connect
         from costline.connectors.redis_state import RedisState
         from costline.rules.prices import format_micro
         from costline.streams.cli.alerts_cmd import alert_rows
 
-        redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
+        redis = connect(env["COSTLINE_REDIS_URL"])
         state = RedisState(redis, self.namespace, self.settings.timezone)
         start, end = time.time() - (self.days + 1) * 86400, time.time() + 3600
 

@@ -27,7 +27,7 @@ from costline.streams.stack.process import (
     wait_until,
     write_json,
 )
-from costline.streams.stack.services import SERVICES, Service, service_for
+from costline.streams.stack.services import NONE, SERVICES, Service, service_for
 
 Report = Callable[[str], None]
 LOOPBACK = "127.0.0.1"
@@ -233,10 +233,14 @@ def up(
 ) -> StackInfo:
     """Start Kafka and Redis (or reuse them if they already run here) and wait for answers.
 
-    A port of 0 picks a free one. Raises ``StackError`` with the reason and the log to read.
+    A port of 0 picks a free one; a flavor of ``none`` leaves that role out (say, a local
+    Redis Cluster beside a Kafka of one's own). Raises ``StackError`` with the reason and the
+    log to read.
     """
     layout = Layout.of(state_dir, kafka_libs)
-    wanted = [(service_for("kafka", kafka), kafka_port), (service_for("redis", redis), redis_port)]
+    wanted = [(service_for(role, flavor), port)
+              for role, flavor, port in (("kafka", kafka, kafka_port), ("redis", redis, redis_port))
+              if flavor != NONE]
     with layout.locked():
         layout.create()
         plans = [_plan(layout, cls, port, host) for cls, port in wanted]

@@ -17,6 +17,8 @@ from costline.streams.stack.errors import StackError
 from costline.streams.stack.layout import Layout
 
 ROLES = ("kafka", "redis")
+# The flavor that leaves a role out of ``up``.
+NONE = "none"
 
 
 class Service(ABC):

@@ -1,4 +1,5 @@
-"""The Redis-protocol stores a local stack can run: Debian's redis-server and embedded Valkey.
+"""The single Redis-protocol stores a local stack can run: Debian's redis-server and embedded
+Valkey (a Redis Cluster of redis-server nodes is ``cluster.py``).
 
 Both keep an append-only file in the state folder (fsync every second): spend totals are
 derived state, but tests restart the store mid-stream and expect the totals back, as a
@@ -11,8 +12,7 @@ import shutil
 from pathlib import Path
 from typing import ClassVar
 
-import redis
-
+from costline.connectors.redis_client import FAILURES, connect_node
 from costline.streams.stack.services import Service, register, require_binary
 
 
@@ -50,14 +50,11 @@ class _RedisService(Service):
 
     def answers(self) -> bool:
         """PING succeeds, which also means the append-only file has been loaded."""
-        client = redis.Redis(host=self.host, port=self.port, socket_timeout=1.0,
-                             socket_connect_timeout=1.0)
         try:
-            return bool(client.ping())
-        except (redis.RedisError, OSError):
+            with connect_node(self.endpoint(), timeout_s=1.0, connect_timeout_s=1.0) as node:
+                return bool(node.ping())
+        except FAILURES + (OSError,):
             return False
-        finally:
-            client.close()
 
     def exports(self) -> dict[str, str]:
         return {"COSTLINE_REDIS_URL": self.endpoint()}

@@ -112,7 +112,11 @@ class ProcessRunner:
 def child_main(settings: Any, prices: PriceBook, conn: Connection) -> None:
     """The child: evaluate what the worker asks for until the worker closes the pipe."""
     os.nice(settings.evaluator_nice)
-    runner, engine = _runner(settings), None
+    # Connected on the first evaluation, so a Redis that does not answer (or cannot tell
+    # whether it is a cluster) fails that evaluation, as any Redis error does, and the next
+    # one tries again.
+    runner: Any = None
+    engine = None
     collector.settle()
     while True:
         try:
@@ -126,6 +130,7 @@ def child_main(settings: Any, prices: PriceBook, conn: Connection) -> None:
         try:
             if engine is None:
                 raise RuntimeError("no rules were sent before the evaluation")
+            runner = runner or _runner(settings)
             answer: tuple[str, Any] = ("ok", runner.evaluate(engine, now, full))
         except Exception as exc:  # noqa: BLE001 - the worker reports it and retries
             answer = ("error", exc)
@@ -136,13 +141,12 @@ def child_main(settings: Any, prices: PriceBook, conn: Connection) -> None:
 
 
 def _runner(settings: Any) -> Any:
-    from redis import Redis
-
     from costline.connectors.alert_store import AlertStore
+    from costline.connectors.redis_client import connect
     from costline.connectors.redis_state import RedisState
     from costline.streams.worker.evaluator import InlineRunner
 
-    redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    redis = connect(settings.redis_url)
     return InlineRunner(RedisState(redis, settings.namespace, settings.timezone),
                         AlertStore(redis, settings.namespace))
 

@@ -150,12 +150,16 @@ class Evaluator:
 
     def _data_generation(self) -> int:
         """Sum of all watermarks: it moves whenever any partition applied a batch. A partition
-        with none yet counts as -1, so its first message (offset 0) moves the sum too."""
+        with none yet counts as -1, so its first message (offset 0) moves the sum too. Each
+        watermark is in its partition's slot: one pipeline, which a Redis Cluster client
+        sends to each node its part."""
         slots = self.state.slots()
         if not slots:
             return -1
-        values = self.state.redis.mget([wm_key(slot) for slot in slots])
-        return sum(-1 if v is None else int(v) for v in values)
+        pipe = self.state.redis.pipeline(transaction=False)
+        for slot in slots:
+            pipe.get(wm_key(slot))
+        return sum(-1 if v is None else int(v) for v in pipe.execute())
 
     async def step(self, now: float | None = None) -> Evaluation | None:
         """Evaluate if data moved or the tick is due; publish the changes."""

@@ -12,9 +12,8 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from redis.asyncio import Redis
-
 from costline.connectors.alert_store import AlertStore
+from costline.connectors.redis_client import AsyncRedisClient
 from costline.connectors.slack_actions import (
     ActionRequest,
     ApproverPolicy,
@@ -33,7 +32,7 @@ from costline.streams.worker.retry import Backoff
 log = logging.getLogger("costline.notifier")
 
 
-def build_notifier(settings: Settings, redis: Redis) -> SlackNotifier:
+def build_notifier(settings: Settings, redis: AsyncRedisClient) -> SlackNotifier:
     """A notifier that sends when ``SLACK_BOT_TOKEN`` is set and only logs otherwise."""
     sending = settings.slack_bot_token is not None
     return SlackNotifier(
@@ -105,7 +104,7 @@ class WorkerActions:
         return result
 
 
-def build_actions_handler(settings: Settings, redis: Redis, store: AlertStore,
+def build_actions_handler(settings: Settings, redis: AsyncRedisClient, store: AlertStore,
                           notifier: SlackNotifier, reclaim: Any | None = None
                           ) -> SlackActionsHandler | None:
     """The ``/slack/actions`` handler, or None when no signing secret is configured."""

@@ -357,18 +357,13 @@ class Reclaimer:
 def build_reclaimer(settings: Settings, rules: RuleSource, sink: Sink,
                     **options: Any) -> Reclaimer:
     """The worker's reclaimer: samples from ``RedisState``, the ledger in the same Redis."""
-    from redis import Redis as SyncRedis
-    from redis.asyncio import Redis
-
+    from costline.connectors.redis_client import connect, connect_async
     from costline.connectors.redis_state import RedisState
 
-    # Timeouts: a Redis that takes connections but never answers fails a tick, which is
-    # retried, instead of hanging the reclaimer.
-    timeouts = {"socket_timeout": 10, "socket_connect_timeout": 5}
-    state = RedisState(SyncRedis.from_url(settings.redis_url, **timeouts), settings.namespace,
-                       settings.timezone)
-    ledger = RedisReclaimLedger(Redis.from_url(settings.redis_url, **timeouts),
-                                settings.namespace)
+    # The clients' timeouts: a Redis that takes connections but never answers fails a tick,
+    # which is retried, instead of hanging the reclaimer.
+    state = RedisState(connect(settings.redis_url), settings.namespace, settings.timezone)
+    ledger = RedisReclaimLedger(connect_async(settings.redis_url), settings.namespace)
     return Reclaimer(rules=rules, state=state, ledger=ledger,
                      prices=PriceBook.load(settings.prices), sink=sink,
                      timezone=settings.timezone, **options)

@@ -11,19 +11,19 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import BusyLoadingError, ConnectionError, RedisError, TimeoutError
-
+from costline.connectors.redis_client import FAILURES, UNAVAILABLE
 from costline.streams.worker.health import Health
 from costline.streams.worker.metrics import Metrics
 
 log = logging.getLogger("costline.retry")
 T = TypeVar("T")
 
-# Redis unreachable, or still loading its data after a restart.
-REDIS_DOWN = (ConnectionError, TimeoutError, BusyLoadingError, OSError)
+# Redis unreachable, or still loading its data after a restart (a Redis Cluster: also none of
+# its nodes answering, or the cluster down while a master is away).
+REDIS_DOWN = UNAVAILABLE + (OSError,)
 # Any error from Redis, also one it answers with (READONLY on a replica after a failover, OOM
-# at maxmemory, MISCONF when it cannot persist, CLUSTERDOWN while a shard is away).
-REDIS_FAILING = (RedisError, OSError)
+# at maxmemory, MISCONF when it cannot persist).
+REDIS_FAILING = FAILURES + (OSError,)
 
 
 class Backoff:

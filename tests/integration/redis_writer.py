@@ -1,17 +1,16 @@
 """Writes events into a namespace's Redis state the way the worker does (its zone recorded
 first, then each event on its home partition, one script call per batch), for tests of what
-reads that state."""
+reads that state: once on a single Redis and once on a Redis Cluster (``any_redis_url``)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import pytest
-from redis import Redis
-from redis.asyncio import Redis as AsyncRedis
 
 from costline.connectors import bucket_zone
 from costline.connectors.redis_apply import Applied, BatchWriter
+from costline.connectors.redis_client import connect, connect_async
 from costline.connectors.redis_keys import Calendar, slot_tag
 from costline.rules.events import AnyEvent
 from costline.rules.ledger import Intake
@@ -27,9 +26,11 @@ PARTITIONS = 1  # one home partition: tests of the read side find every key in o
 
 
 class Writer:
-    def __init__(self, writer: BatchWriter, namespace: str) -> None:
+    def __init__(self, writer: BatchWriter, namespace: str, partitions: int = PARTITIONS) -> None:
+        """``partitions`` > 1 spreads the events over that many home partitions (on a cluster,
+        their slots lie on different nodes)."""
         self.writer, self.namespace = writer, namespace
-        self.intake = Intake(PriceBook.load(DEFAULT_PRICES), PARTITIONS)
+        self.intake = Intake(PriceBook.load(DEFAULT_PRICES), partitions)
         self.marks: dict[str, int] = {}
 
     async def write(self, events: list[AnyEvent]) -> None:
@@ -42,11 +43,11 @@ class Writer:
 
 
 @pytest.fixture
-async def redis_writer(redis_url: str, namespace: str) -> AsyncIterator[Writer]:
-    with Redis.from_url(redis_url) as sync:
+async def redis_writer(any_redis_url: str, namespace: str) -> AsyncIterator[Writer]:
+    with connect(any_redis_url) as sync:
         bucket_zone.claim(sync, namespace, ZONE)
-    client = AsyncRedis.from_url(redis_url)
+    client = connect_async(any_redis_url)
     yield Writer(BatchWriter(client, namespace, Calendar(ZONE), dedup_ttl=30 * 86400),
                  namespace)
     await client.aclose()
-    forget_redis_keys(redis_url, namespace)
+    forget_redis_keys(any_redis_url, namespace)

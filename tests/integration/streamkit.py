@@ -21,6 +21,7 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from redis import Redis
 
+from costline.connectors.redis_client import connect
 from costline.rules.prices import PriceBook, exact, to_micro
 
 REPO = Path(__file__).resolve().parents[2]
@@ -206,7 +207,7 @@ def wait_caught_up(env: Mapping[str, str], worker: Worker | None = None,
     from costline.streams.progress import behind
 
     settings = settings_of(env)
-    redis = Redis.from_url(settings.redis_url)
+    redis = connect(settings.redis_url)
     deadline = time.time() + timeout
     try:
         while time.time() < deadline:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
+from costline.connectors.redis_client import connect
 from costline.streams.settings import Settings
 from costline.streams.topics import create_topics
 from tests.conftest import unavailable
@@ -311,7 +312,7 @@ def _wait_progress(env: dict[str, str], total: int, target: float, worker: Worke
     from costline.streams.progress import behind
 
     settings = settings_of(env)
-    redis = Redis.from_url(settings.redis_url)
+    redis = connect(settings.redis_url)
     deadline = time.time() + timeout
     while time.time() < deadline:
         if total - behind(settings, redis).inputs >= target:
@@ -415,7 +416,7 @@ def test_lost_redis_state_is_rebuilt_from_kafka(services, worker, namespace):
     messages, ledger, _ = _stream(seed=13, n=3000)
     topic = f"{namespace}.usage.v1"
     produce(services.bootstrap, topic, messages)
-    redis = Redis.from_url(services.redis_url)
+    redis = connect(services.redis_url)
     wait_caught_up(worker.env, worker)
     worker.stop()
     # Redis loses everything of this namespace; Kafka's committed offsets are at the end.

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import typer
-from redis import Redis
 from typer.testing import CliRunner
 
 from costline.connectors import bucket_zone
+from costline.connectors.redis_client import RedisClient, connect
 from costline.streams.cli.root import _register, app
 from costline.streams.cli.worker_cmd import claim_bucket_zone
 from costline.streams.settings import Settings
@@ -38,24 +38,24 @@ def _day_cost(url: str, namespace: str, zone: str, moment: str) -> float:
 
 
 async def test_a_reader_in_another_zone_finds_the_event_on_its_local_day(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     await redis_writer.write([usage(EVENING, 2.0)])  # counted by a worker on UTC
-    in_utc = _day_cost(redis_url, namespace, "UTC", "2025-01-01T12:00:00Z")
+    in_utc = _day_cost(any_redis_url, namespace, "UTC", "2025-01-01T12:00:00Z")
     assert in_utc > 0
     # Tokyo's 1 January ended before the event; its 2 January holds it.
-    assert _day_cost(redis_url, namespace, "Asia/Tokyo", "2025-01-01T12:00:00+09:00") == 0
-    assert _day_cost(redis_url, namespace, "Asia/Tokyo", "2025-01-02T12:00:00+09:00") == in_utc
+    assert _day_cost(any_redis_url, namespace, "Asia/Tokyo", "2025-01-01T12:00:00+09:00") == 0
+    assert _day_cost(any_redis_url, namespace, "Asia/Tokyo", "2025-01-02T12:00:00+09:00") == in_utc
 
 
 @pytest.fixture
-def client(redis_url: str, namespace: str) -> Iterator[Redis]:
-    redis = Redis.from_url(redis_url)
+def client(any_redis_url: str, namespace: str) -> Iterator[RedisClient]:
+    redis = connect(any_redis_url)
     yield redis
     redis.close()
-    forget_redis_keys(redis_url, namespace)
+    forget_redis_keys(any_redis_url, namespace)
 
 
-def test_the_first_zone_is_recorded_and_kept(client: Redis, namespace: str) -> None:
+def test_the_first_zone_is_recorded_and_kept(client: RedisClient, namespace: str) -> None:
     assert bucket_zone.recorded(client, namespace) is None
     bucket_zone.claim(client, namespace, "Europe/Berlin")
     bucket_zone.claim(client, namespace, "Europe/Berlin")  # a restart
@@ -66,10 +66,10 @@ def test_the_first_zone_is_recorded_and_kept(client: Redis, namespace: str) -> N
 
 
 def test_a_worker_in_another_zone_refuses_to_start(
-        client: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+        client: RedisClient, any_redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    claim_bucket_zone(Settings(redis_url=redis_url, namespace=namespace, timezone="UTC"))
-    tokyo = Settings(redis_url=redis_url, namespace=namespace, timezone="Asia/Tokyo")
+    claim_bucket_zone(Settings(redis_url=any_redis_url, namespace=namespace, timezone="UTC"))
+    tokyo = Settings(redis_url=any_redis_url, namespace=namespace, timezone="Asia/Tokyo")
     with pytest.raises(typer.Exit) as stopped:
         claim_bucket_zone(tokyo)
     assert stopped.value.exit_code == 2
@@ -80,12 +80,12 @@ def test_a_worker_in_another_zone_refuses_to_start(
 
 
 def test_a_period_read_from_expired_finer_buckets_is_flagged(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     _register()
 
     def spend(*zone: str, at: str) -> Any:
         return CliRunner().invoke(app, [
-            "--redis-url", redis_url, "--namespace", namespace, "spend", "--period", "day",
+            "--redis-url", any_redis_url, "--namespace", namespace, "spend", "--period", "day",
             *zone, "--at", at, "--json"])
 
     # A Tokyo day 90 days ago, in a namespace counted in UTC: its edges come from hourly

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from redis import Redis
 
 from costline.connectors.alert_store import AlertStore
+from costline.connectors.redis_client import connect
 from costline.connectors.redis_state import RedisState
 from costline.rules.engine import Engine, Evaluation
 from costline.rules.loader import RuleSet
@@ -42,15 +42,15 @@ NIGHTLY = RuleSet((rule(kind="budget", name="team-night", group_by=["team"], per
 
 
 @pytest.fixture
-def runner(redis_url: str, namespace: str) -> Iterator[ProcessRunner]:
-    found = ProcessRunner(Settings(redis_url=redis_url, namespace=namespace, timezone="UTC"),
-                          PRICES)
+def runner(any_redis_url: str, namespace: str) -> Iterator[ProcessRunner]:
+    found = ProcessRunner(
+        Settings(redis_url=any_redis_url, namespace=namespace, timezone="UTC"), PRICES)
     yield found
     found.close()
 
 
-def inline(redis_url: str, namespace: str) -> InlineRunner:
-    client = Redis.from_url(redis_url)
+def inline(any_redis_url: str, namespace: str) -> InlineRunner:
+    client = connect(any_redis_url)
     return InlineRunner(RedisState(client, namespace, "UTC"), AlertStore(client, namespace))
 
 
@@ -60,10 +60,10 @@ def shown(evaluation: Evaluation) -> tuple[object, ...]:
 
 
 async def test_the_child_answers_as_the_worker_would(
-        runner: ProcessRunner, redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        runner: ProcessRunner, redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     await redis_writer.write([usage(T0 - 30 * MIN + i * MIN, 0.5, team=f"t{i % 3}")
                               for i in range(30)])  # 1.25 a minute: t0..t2 at 12.50 each
-    engine, here = Engine.for_prices(BUDGETS, PRICES), inline(redis_url, namespace)
+    engine, here = Engine.for_prices(BUDGETS, PRICES), inline(any_redis_url, namespace)
 
     there = runner.evaluate(engine, T0, full=True)
     assert shown(there) == shown(here.evaluate(engine, T0, full=True))
@@ -78,11 +78,11 @@ async def test_the_child_answers_as_the_worker_would(
 
 
 async def test_reclaim_requests_come_back_with_their_connector_parameters(
-        runner: ProcessRunner, redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        runner: ProcessRunner, redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     await redis_writer.write([sample(T0 - 20 * MIN + i * MIN, 0.01) for i in range(21)])
     engine = Engine.for_prices(IDLE, PRICES)
     there = runner.evaluate(engine, T0, full=True)
-    assert shown(there) == shown(inline(redis_url, namespace).evaluate(engine, T0, full=True))
+    assert shown(there) == shown(inline(any_redis_url, namespace).evaluate(engine, T0, full=True))
     [found] = there.findings["gpu-idle"]
     assert found.reclaim is not None and found.reclaim.params["approval"] == "manual"
 
@@ -113,7 +113,7 @@ def test_a_redis_outage_crosses_as_a_redis_error(namespace: str) -> None:
         runner.close()
 
 
-def test_the_child_ends_when_the_worker_is_gone(runner: ProcessRunner, redis_url: str) -> None:
+def test_the_child_ends_when_the_worker_is_gone(runner: ProcessRunner, any_redis_url: str) -> None:
     runner.evaluate(Engine.for_prices(NIGHTLY, PRICES), T0, full=True)
     process = runner._process
     assert process is not None and process.is_alive()

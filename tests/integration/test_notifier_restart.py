@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 
+from costline.connectors.redis_client import connect_async
 from costline.connectors.slack_ledger import SlackLedger
 from costline.connectors.slack_render import AlertChange
 from costline.connectors.slack_sender import AMBIGUOUS_MARK, SlackNotifier
@@ -78,7 +78,7 @@ class Deliveries:
         return [AlertChange.from_record(json.loads(message.value)) for message in found]
 
     def steps(self, change: AlertChange) -> dict[str, str]:
-        key = f"{self.namespace}:slack:change:{change.thread_key}:{change.change_key}"
+        key = f"{{{self.namespace}:slack}}:change:{change.thread_key}:{change.change_key}"
         return self.redis.hgetall(key)  # type: ignore[return-value]
 
     def undelivered(self) -> list[str]:
@@ -101,7 +101,7 @@ class Deliveries:
         return found
 
     def ambiguous(self) -> int:
-        return int(self.redis.hget(f"{self.namespace}:slack:counts", "ambiguous") or 0)
+        return int(self.redis.hget(f"{{{self.namespace}:slack}}:counts", "ambiguous") or 0)
 
 
 def test_a_worker_killed_mid_burst_loses_nothing_and_every_duplicate_is_counted(
@@ -117,7 +117,7 @@ def test_a_worker_killed_mid_burst_loses_nothing_and_every_duplicate_is_counted(
     assert server is not None
     ledger = Deliveries(services.bootstrap, services.redis_url, kafka_namespace)
     day = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() - 60))
-    threads = [f"{kafka_namespace}:slack:thread:{alert_id('team-daily', {'team': t})}@{day}"
+    threads = [f"{{{kafka_namespace}:slack}}:thread:{alert_id('team-daily', {'team': t})}@{day}"
                for t in TEAMS]
     usage_topic = f"{kafka_namespace}.usage.v1"
     worker = Worker(env, tmp_path / "worker.log")
@@ -181,7 +181,7 @@ async def local_slack() -> AsyncIterator[LocalSlack]:
 
 @pytest.fixture
 async def slack_ledger(redis_url: str, namespace: str) -> AsyncIterator[SlackLedger]:
-    client = aioredis.from_url(redis_url)
+    client = connect_async(redis_url)
     yield SlackLedger(client, namespace)
     await client.aclose()
 

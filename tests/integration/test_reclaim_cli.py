@@ -1,4 +1,5 @@
-"""``costline actions`` and ``costline reclaim pause | resume | status`` against Redis."""
+"""``costline actions`` and ``costline reclaim pause | resume | status`` against a single Redis
+and a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -6,16 +7,22 @@ import asyncio
 import json
 
 import pytest
-from redis.asyncio import Redis
 from typer.testing import CliRunner
 
 from costline.connectors.reclaim_ledger import RedisReclaimLedger
+from costline.connectors.redis_client import connect_async
 from costline.rules.findings import ReclaimRequest
 from costline.rules.reclaim import make_plan, planned
 from costline.streams.cli.root import _register, app
 from tests.integration.slurm import reclaim_redis_url
 
 __all__ = ["reclaim_redis_url"]
+
+
+@pytest.fixture
+def redis_url(reclaim_redis_url: str) -> str:
+    """The single Redis of ``any_redis_url``: a private one when none is configured."""
+    return reclaim_redis_url
 
 
 @pytest.fixture(scope="module")
@@ -36,40 +43,40 @@ async def _one_plan(url: str, namespace: str) -> str:
                              requested_at=1_796_027_400.0)
     plan = make_plan(request, "gpu-idle", {"job_id": "4211"}, 2_490_000, "USD",
                      1_796_027_400.0)
-    client = Redis.from_url(url)
+    client = connect_async(url)
     await RedisReclaimLedger(client, namespace).open(plan, planned(plan, 0).to_dict())
     await client.aclose()
     return plan.plan_id
 
 
-def test_actions_lists_the_latest_steps(runner: CliRunner, reclaim_redis_url: str,
+def test_actions_lists_the_latest_steps(runner: CliRunner, any_redis_url: str,
                                         namespace: str) -> None:
-    plan_id = asyncio.run(_one_plan(reclaim_redis_url, namespace))
-    code, out = costline(runner, reclaim_redis_url, namespace, "actions", "--json")
+    plan_id = asyncio.run(_one_plan(any_redis_url, namespace))
+    code, out = costline(runner, any_redis_url, namespace, "actions", "--json")
     assert code == 0
     [record] = json.loads(out)
     assert (record["action_id"], record["step"], record["mode"]) == (
         f"{plan_id}:planned", "planned", "dry_run")
-    code, out = costline(runner, reclaim_redis_url, namespace, "actions")
+    code, out = costline(runner, any_redis_url, namespace, "actions")
     assert code == 0 and "planned" in out and "gpu-idle" in out
 
 
-def test_pause_status_resume(runner: CliRunner, reclaim_redis_url: str,
+def test_pause_status_resume(runner: CliRunner, any_redis_url: str,
                              namespace: str) -> None:
-    asyncio.run(_one_plan(reclaim_redis_url, namespace))
-    assert costline(runner, reclaim_redis_url, namespace, "reclaim", "pause", "--by", "ada",
+    asyncio.run(_one_plan(any_redis_url, namespace))
+    assert costline(runner, any_redis_url, namespace, "reclaim", "pause", "--by", "ada",
                     "--reason", "maintenance") == (0, "reclamation paused by ada\n")
-    code, out = costline(runner, reclaim_redis_url, namespace, "reclaim", "status", "--json")
+    code, out = costline(runner, any_redis_url, namespace, "reclaim", "status", "--json")
     report = json.loads(out)
     assert (code, report["paused"], report["paused_by"], report["reason"]) == (
         0, True, "ada", "maintenance")
     assert [(p["resource_id"], p["state"]) for p in report["plans"]] == [
         ("slurm/4211", "planned")]
-    code, out = costline(runner, reclaim_redis_url, namespace, "reclaim", "status")
+    code, out = costline(runner, any_redis_url, namespace, "reclaim", "status")
     assert code == 0 and out.startswith("paused by ada") and "1 open plan(s)" in out
-    assert costline(runner, reclaim_redis_url, namespace, "reclaim", "resume") == (
+    assert costline(runner, any_redis_url, namespace, "reclaim", "resume") == (
         0, "reclamation resumed\n")
-    assert costline(runner, reclaim_redis_url, namespace, "reclaim", "resume") == (
+    assert costline(runner, any_redis_url, namespace, "reclaim", "resume") == (
         0, "reclamation was not paused\n")
-    assert costline(runner, reclaim_redis_url, namespace, "reclaim", "status")[1].startswith(
+    assert costline(runner, any_redis_url, namespace, "reclaim", "status")[1].startswith(
         "running")

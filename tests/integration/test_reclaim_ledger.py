@@ -1,4 +1,5 @@
-"""The Redis reclamation ledger: compare-and-set steps, the execution claim, caps, the outbox."""
+"""The Redis reclamation ledger: compare-and-set steps, the execution claim, caps, the outbox;
+on a single Redis and on a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from costline.connectors.reclaim_ledger import Pause, RedisReclaimLedger
+from costline.connectors.redis_client import connect_async
 from costline.rules.findings import ReclaimRequest
 from costline.rules.reclaim import ActionRecord, Keep, Plan, make_plan
 from tests.integration.slurm import reclaim_redis_url
@@ -32,10 +33,16 @@ def record(found: Plan, step: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def ledgers(reclaim_redis_url: str, namespace: str
+def redis_url(reclaim_redis_url: str) -> str:
+    """The single Redis of ``any_redis_url``: a private one when none is configured."""
+    return reclaim_redis_url
+
+
+@pytest.fixture
+async def ledgers(any_redis_url: str, namespace: str
                   ) -> AsyncIterator[tuple[RedisReclaimLedger, RedisReclaimLedger]]:
     """Two workers' ledgers on the same namespace, each with its own connection."""
-    one, two = Redis.from_url(reclaim_redis_url), Redis.from_url(reclaim_redis_url)
+    one, two = connect_async(any_redis_url), connect_async(any_redis_url)
     yield RedisReclaimLedger(one, namespace), RedisReclaimLedger(two, namespace)
     keys = [key async for key in one.scan_iter(match=f"{{{namespace}:reclaim}}*")]
     if keys:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from costline.connectors.plugins import PLUGINS
@@ -23,6 +22,7 @@ from costline.connectors.reclaim import build_connectors
 from costline.connectors.reclaim.slurm import Completed, SlurmReclaimer, run_command
 from costline.connectors.reclaim_ledger import RedisReclaimLedger
 from costline.connectors.redis_apply import Applied, BatchWriter
+from costline.connectors.redis_client import connect, connect_async
 from costline.connectors.redis_keys import Calendar, slot_tag
 from costline.connectors.redis_state import RedisState
 from costline.rules.events import UtilizationEvent
@@ -103,7 +103,7 @@ class Site:
 
         options.setdefault("connectors", build_connectors())
         return Reclaimer(rules=rules, state=self.state,
-                         ledger=RedisReclaimLedger(AsyncRedis.from_url(self.redis_url),
+                         ledger=RedisReclaimLedger(connect_async(self.redis_url),
                                                    self.namespace),
                          prices=PriceBook.load(DEFAULT_PRICES), sink=sink, **options)
 
@@ -122,10 +122,10 @@ class Site:
 
 @pytest.fixture
 async def site(reclaim_redis_url: str, namespace: str) -> AsyncIterator[Site]:
-    client = AsyncRedis.from_url(reclaim_redis_url)
+    client = connect_async(reclaim_redis_url)
     writer = BatchWriter(client, namespace, Calendar("UTC"), dedup_ttl=3600)
     feed = Feed(writer, Intake(PriceBook.load(DEFAULT_PRICES), 1), slot_tag(namespace, 0))
-    state = RedisState(Redis.from_url(reclaim_redis_url), namespace, "UTC")
+    state = RedisState(connect(reclaim_redis_url), namespace, "UTC")
     yield Site(reclaim_redis_url, namespace, client, feed, state)
     keys = [key async for key in client.scan_iter(match=f"*{namespace}*", count=1000)]
     if keys:

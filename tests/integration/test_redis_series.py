@@ -4,8 +4,8 @@ the half hour."""
 from __future__ import annotations
 
 import pytest
-from redis import Redis
 
+from costline.connectors.redis_client import connect
 from costline.connectors.redis_state import _BUCKETS_PER_READ, RedisState
 from costline.rules.durations import period_bounds
 from tests.integration.redis_writer import Writer
@@ -19,9 +19,9 @@ AFTER = at("2025-01-01T18:40")  # 2 January in Kolkata, in the same UTC hour
 
 
 async def test_an_hour_cut_by_the_period_counts_only_its_part_inside(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     await redis_writer.write([usage(BEFORE, 10.0, team="a"), usage(AFTER, 1.0, team="a")])
-    state = RedisState(Redis.from_url(redis_url), namespace, "Asia/Kolkata")
+    state = RedisState(connect(any_redis_url), namespace, "Asia/Kolkata")
     start, end = period_bounds(at("2025-01-02T06:00"), "day", "Asia/Kolkata")
     hours = state.series("cost", {}, ("team",), start, end)[("a",)]
     day = state.totals("cost", {}, ("team",), start, end)[("a",)]
@@ -30,7 +30,7 @@ async def test_an_hour_cut_by_the_period_counts_only_its_part_inside(
 
 
 async def test_a_series_read_in_pieces_equals_its_hours_asked_one_by_one(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     # Five days of hours are more than one round trip reads (_BUCKETS_PER_READ): the pieces
     # must join without losing or repeating an hour.
     first = at("2025-03-01T00:00")
@@ -38,7 +38,7 @@ async def test_a_series_read_in_pieces_equals_its_hours_asked_one_by_one(
     assert hours > _BUCKETS_PER_READ
     await redis_writer.write([usage(first + h * 3600 + 600, 1.0 + h % 7, team=f"t{h % 3}")
                               for h in range(hours)])
-    state = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+    state = RedisState(connect(any_redis_url), namespace, "UTC")
     start, end = first - 1800, first + hours * 3600 + 900  # cut hours at both ends
     series = state.series("cost", {}, ("team",), start, end)
     for team in ("t0", "t1", "t2"):

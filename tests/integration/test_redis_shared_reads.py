@@ -8,8 +8,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import pytest
-from redis import Redis
 
+from costline.connectors.redis_client import connect
 from costline.connectors.redis_keys import (
     FirstsLogSize,
     first_count_key,
@@ -76,11 +76,11 @@ def _events(rng: random.Random, times: list[float]) -> list[AnyEvent]:
 
 
 async def test_shared_reads_on_redis_find_what_single_questions_find(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     rng = random.Random(3)
     engine = Engine(RuleSet(tuple(rule(**keys) for keys in RULES)), "USD")
-    state = RedisState(Redis.from_url(redis_url), namespace, "UTC")
-    plain = Questions(RedisState(Redis.from_url(redis_url), namespace, "UTC"))
+    state = RedisState(connect(any_redis_url), namespace, "UTC")
+    plain = Questions(RedisState(connect(any_redis_url), namespace, "UTC"))
     kept = KeptAnswers()
     await redis_writer.write(_events(rng, [T0 - 2 * DAY + i * 13 * MIN for i in range(200)]))
     now, fired = T0, set()
@@ -98,12 +98,12 @@ async def test_shared_reads_on_redis_find_what_single_questions_find(
 
 
 async def test_several_measures_are_totalled_from_one_read_of_their_buckets(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     # ``costline spend`` asks for spend and waste of the same period: one read of the buckets
     # answers both, and each answer is the one its own question gets.
     rng = random.Random(5)
     await redis_writer.write(_events(rng, [T0 - 2 * DAY + i * 7 * MIN for i in range(300)]))
-    state = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+    state = RedisState(connect(any_redis_url), namespace, "UTC")
     reads = _count_bucket_reads(state)
     measures: tuple[Measure, ...] = ("cost", "waste", "quantity")
     for match, group_by, start, end in [({}, ("team",), T0 - 2 * DAY, T0),
@@ -142,13 +142,13 @@ def _count_bucket_reads(state: RedisState) -> list[bytes | str]:
 
 
 async def test_tag_sets_share_the_keys_values_and_pairs_they_repeat(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     # Memory per tag set is what a worker's evaluation process holds for every tag set: the
     # strings and pairs many tag sets repeat must be one object each, whichever tag set and
     # slot they were read from.
     await redis_writer.write([usage(T0 - HOUR + i * MIN, 1.0, team="pretrain", env="prod",
                                     job=f"run-{i}") for i in range(40)])
-    state = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+    state = RedisState(connect(any_redis_url), namespace, "UTC")
     cells = state.cells("cost", T0 - DAY, T0)
     assert len(cells) == 40
     env_pairs = {id(pair) for dims in cells for pair in dims if pair[0] == "env"}
@@ -187,8 +187,8 @@ def _history(team: str, since: float) -> list[AnyEvent]:
 class Growth:
     """The growth rule evaluated in full, as on the tick, with answers kept between."""
 
-    def __init__(self, redis_url: str, namespace: str) -> None:
-        self.client = Redis.from_url(redis_url)
+    def __init__(self, any_redis_url: str, namespace: str) -> None:
+        self.client = connect(any_redis_url)
         self.state, self.kept = CountingState(self.client, namespace, "UTC"), KeptAnswers()
         self.engine = Engine(RuleSet((GROWTH,)), "USD")
         self.fresh = RedisState(self.client, namespace, "UTC")
@@ -201,8 +201,8 @@ class Growth:
 
 
 async def test_first_buckets_are_kept_up_to_date_with_their_changes_alone(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
-    growth = Growth(redis_url, namespace)
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
+    growth = Growth(any_redis_url, namespace)
     state = growth.state
     # Team a grew in the last hour, but its history does not cover the day-long baseline yet.
     await redis_writer.write(_history("a", T0 - 20 * HOUR))
@@ -225,8 +225,8 @@ async def test_first_buckets_are_kept_up_to_date_with_their_changes_alone(
 
 
 async def test_first_buckets_are_read_in_full_when_their_changes_cannot_be_told(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
-    growth = Growth(redis_url, namespace)
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
+    growth = Growth(any_redis_url, namespace)
     state, client, writer = growth.state, growth.client, redis_writer.writer
     slot = slot_tag(namespace, 0)
     log, count, version = first_log_key(slot), first_count_key(slot), first_version_key(slot)
@@ -297,18 +297,18 @@ async def test_first_buckets_are_read_in_full_when_their_changes_cannot_be_told(
 
 
 async def test_first_buckets_are_read_once_for_every_measure(
-        redis_writer: Writer, redis_url: str, namespace: str) -> None:
+        redis_writer: Writer, any_redis_url: str, namespace: str) -> None:
     # Redis keeps one first bucket per tag set, whatever the measure: growth of spend and of
     # GPU-hours share one read of them, and each finds what it would alone.
     by_hours = rule(kind="growth", name="gpu-hours", metric="quantity",
                     match={"resource_type": "gpu.h100"}, group_by=["team"], window="1h",
                     baseline="1d", ratio=2)
     await redis_writer.write(_history("a", T0 - 2 * DAY))
-    state = CountingState(Redis.from_url(redis_url), namespace, "UTC")
+    state = CountingState(connect(any_redis_url), namespace, "UTC")
     both = Engine(RuleSet((GROWTH, by_hours)), "USD").findings(state, T0, KeptAnswers())
     assert state.first_reads == 1
     for alone in (GROWTH, by_hours):
-        fresh = RedisState(Redis.from_url(redis_url), namespace, "UTC")
+        fresh = RedisState(connect(any_redis_url), namespace, "UTC")
         expected = Engine(RuleSet((alone,)), "USD").findings(fresh, T0)[alone.name]
         assert both[alone.name] == expected and [dict(f.group) for f in expected] == [
             {"team": "a"}]

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis as AsyncRedis
 
 from costline.connectors.reclaim_ledger import RedisReclaimLedger
+from costline.connectors.redis_client import connect_async
 from costline.rules.durations import period_bounds
 from costline.rules.findings import ReclaimRequest
 from costline.rules.prices import format_micro
@@ -134,7 +134,7 @@ def _messages(events: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
 
 async def _record_releases(url: str, namespace: str, now: float) -> list[tuple[int, int]]:
     """Two executed releases and one dry-run skip; (saved, hourly cost) of the releases."""
-    client = AsyncRedis.from_url(url)
+    client = connect_async(url)
     ledger = RedisReclaimLedger(client, namespace)
     done = []
     try:

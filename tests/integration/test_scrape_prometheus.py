@@ -21,6 +21,7 @@ from aiohttp import web
 from kafka import KafkaConsumer, TopicPartition
 from redis import Redis
 
+from costline.connectors.redis_client import connect
 from costline.connectors.redis_state import RedisState
 from costline.rules.prices import PriceBook, exact, to_micro
 from costline.streams.settings import Settings
@@ -156,8 +157,7 @@ def sent_events(worker: Worker, services: Any) -> list[dict[str, Any]]:
 
 
 def samples(worker: Worker, services: Any, metric: str) -> dict[str, Any]:
-    state = RedisState(Redis.from_url(services.redis_url), worker.env["COSTLINE_NAMESPACE"],
-                       "UTC")
+    state = RedisState(connect(services.redis_url), worker.env["COSTLINE_NAMESPACE"], "UTC")
     return {s.resource_id: s for s in state.samples(metric, {}, time.time() - 3600)}
 
 

@@ -1,4 +1,5 @@
-"""SlackNotifier + Redis ledger against the local Slack server, through the real slack-sdk."""
+"""SlackNotifier + Redis ledger against the local Slack server, through the real slack-sdk; the
+ledger on a single Redis and on a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from costline.connectors.redis_client import AsyncRedisClient, connect_async
 from costline.connectors.slack_actions import (
     ActionRequest,
     ApproverPolicy,
@@ -27,7 +29,7 @@ from costline.connectors.slack_actions import (
     add_actions_route,
     make_actions_handler,
 )
-from costline.connectors.slack_ledger import SlackLedger
+from costline.connectors.slack_ledger import SlackLedger, ThreadRef
 from costline.connectors.slack_render import KEEP_ACTION
 from costline.connectors.slack_sender import DeliveryError, SlackNotifier
 from costline.connectors.slack_server import LocalSlack, channel_id
@@ -78,14 +80,20 @@ def ledger_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-async def redis_client(ledger_redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(ledger_redis_url)
+def redis_url(ledger_redis_url: str) -> str:
+    """The single Redis of ``any_redis_url``."""
+    return ledger_redis_url
+
+
+@pytest.fixture
+async def redis_client(any_redis_url: str) -> AsyncIterator[AsyncRedisClient]:
+    client = connect_async(any_redis_url)
     yield client
     await client.aclose()
 
 
 @pytest.fixture
-def ledger(redis_client: aioredis.Redis, namespace: str) -> SlackLedger:
+def ledger(redis_client: AsyncRedisClient, namespace: str) -> SlackLedger:
     return SlackLedger(redis_client, namespace=namespace)
 
 
@@ -396,7 +404,7 @@ def signed_press(secret: str, message_ts: str, channel: str, value: str) -> tupl
 
 
 async def test_pressing_keep_notes_who_on_the_alert_message(
-        notifier: SlackNotifier, slack: LocalSlack, redis_client: aioredis.Redis) -> None:
+        notifier: SlackNotifier, slack: LocalSlack, redis_client: AsyncRedisClient) -> None:
     reclaim = {"resource_id": "cluster-a/node-017", "connector": "slurm", "grace": 900,
                "execute_at": "2026-11-30T14:30:00Z", "mode": "live", "approval": "auto"}
     idle = record("idle-gpus/77c2d1", kind="idle", value="0.020000", threshold="0.050000",
@@ -423,8 +431,32 @@ async def test_pressing_keep_notes_who_on_the_alert_message(
     assert [r.text for r in root.replies] == [note]
 
 
+async def test_a_ledger_written_before_its_hash_tag_is_taken_over_on_a_single_redis(
+        ledger_redis_url: str, namespace: str) -> None:
+    """Keys an earlier version wrote as ``NS:slack:...`` are renamed when first used, so an
+    alert posted before an upgrade is still updated in its own thread after it."""
+    client = connect_async(ledger_redis_url)
+    old, alert = f"{namespace}:slack", "team-monthly/3f2a9c"
+    entry = {"order": 0, "record": record(), "previous": None}
+    await client.set(f"{old}:thread:{alert}", "C0ALERTS 1700000000.000100")
+    await client.hset(f"{old}:root:C0ALERTS:1700000000.000100", f"m:{alert}", json.dumps(entry))
+    await client.hset(f"{old}:change:{alert}:warn_80", "root", "done 1700000000.000100")
+    await client.hset(f"{old}:counts", "ambiguous", 2)
+    ledger = SlackLedger(client, namespace)
+    try:
+        ref = await ledger.thread(alert)
+        assert ref == ThreadRef("C0ALERTS", "1700000000.000100")
+        [member] = await ledger.members(ref)
+        assert member.record == record()
+        assert await ledger.steps(alert, "warn_80") == {"root": "done 1700000000.000100"}
+        assert await ledger.counts() == {"ambiguous": 2}
+        assert [key async for key in client.scan_iter(match=f"{old}:*")] == []
+    finally:
+        await client.aclose()
+
+
 async def test_redis_replay_guard_remembers_signatures_across_handlers(
-        redis_client: aioredis.Redis, namespace: str) -> None:
+        redis_client: AsyncRedisClient, namespace: str) -> None:
     first = RedisReplayGuard(redis_client, namespace)
     second = RedisReplayGuard(redis_client, namespace)
     assert await first.first_seen("v0=abc", 600) is True

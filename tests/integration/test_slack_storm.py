@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 
+from costline.connectors.redis_client import connect_async
 from costline.connectors.slack_ledger import SlackLedger
 from costline.connectors.slack_sender import SlackNotifier
 from costline.connectors.slack_server import (
@@ -78,7 +78,7 @@ async def slack() -> AsyncIterator[LocalSlack]:
 
 @pytest.fixture
 async def ledger(redis_url: str, namespace: str) -> AsyncIterator[SlackLedger]:
-    client = aioredis.from_url(redis_url)
+    client = connect_async(redis_url)
     yield SlackLedger(client, namespace)
     await client.aclose()
 
@@ -184,7 +184,7 @@ def test_the_worker_keeps_alerts_in_kafka_through_a_429_storm_and_a_kill_and_pos
     slack_thread.loop.call_soon_threadsafe(lambda: server.rate_limit_next(8, retry_after=2))
     store = redis.Redis.from_url(services.redis_url)
     day = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() - 60))
-    threads = [f"{kafka_namespace}:slack:thread:{alert_id('team-daily', {'team': t})}@{day}"
+    threads = [f"{{{kafka_namespace}:slack}}:thread:{alert_id('team-daily', {'team': t})}@{day}"
                for t in TEAMS]
     worker = Worker(env, tmp_path / "worker.log")
     worker.start()

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 import redis.asyncio.connection
 import redis.connection
-from redis.exceptions import BusyLoadingError, RedisError
+from redis.exceptions import BusyLoadingError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from typer.testing import CliRunner, Result
 
+from costline.connectors import redis_client
+from costline.connectors.redis_client import ClusterUrlError
 from costline.streams.cli.root import _register, app
 from costline.streams.settings import Settings, without_password
 
@@ -94,6 +96,30 @@ def test_redis_slow_or_loading_is_one_line_too(
     assert result.exit_code == 1
     assert one_line(result) == (
         f"costline {' '.join(args)}: Redis at redis://127.0.0.1:6379/0 {said}: {exc}")
+
+
+@pytest.mark.parametrize(("exc", "said"), [
+    (RedisClusterException("Redis Cluster cannot be connected. Please provide at least one "
+                           "reachable node: Error 111 connecting to 127.0.0.1:7001."),
+     "is a Redis Cluster that did not answer"),
+    (ClusterUrlError("a Redis Cluster has only database 0, the Redis URL names 2"),
+     "is a Redis Cluster"),
+])
+@pytest.mark.parametrize("args", [["spend"], ["alerts"], ["reclaim", "status"]], ids=" ".join)
+def test_a_cluster_none_of_whose_nodes_answers_is_one_line_too(
+        runner: CliRunner, monkeypatch: pytest.MonkeyPatch, exc: Exception, said: str,
+        args: list[str]) -> None:
+    """redis-py's cluster client raises RedisClusterException, not a RedisError, when no node
+    answers."""
+    def refuse(*_: Any, **__: Any) -> None:
+        raise exc
+
+    monkeypatch.setattr(redis_client, "connect", refuse)
+    monkeypatch.setattr(redis_client, "connect_async", refuse)
+    result = costline(runner, "--redis-url", "redis://127.0.0.1:7000/0", *args)
+    assert result.exit_code == 1
+    assert one_line(result) == (
+        f"costline {' '.join(args)}: Redis at redis://127.0.0.1:7000/0 {said}: {exc}")
 
 
 @pytest.mark.parametrize(("url", "shown"), [

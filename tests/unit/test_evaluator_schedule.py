@@ -26,9 +26,17 @@ class Watermarks:
 
     def __init__(self) -> None:
         self.applied: int | None = 0
+        self.asked = 0
 
-    def mget(self, keys: list[str]) -> list[bytes | None]:
-        return [None if self.applied is None else str(self.applied).encode() for _ in keys]
+    def pipeline(self, transaction: bool) -> Watermarks:
+        self.asked = 0
+        return self
+
+    def get(self, key: str) -> None:
+        self.asked += 1
+
+    def execute(self) -> list[bytes | None]:
+        return [None if self.applied is None else str(self.applied).encode()] * self.asked
 
 
 class State(InMemoryState):
