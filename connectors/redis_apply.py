@@ -27,8 +27,8 @@ from importlib import resources
 from typing import Any
 
 import msgpack
-from redis.asyncio import Redis
 
+from costline.connectors.redis_client import AsyncRedisClient
 from costline.connectors.redis_keys import (
     USAGE,
     Calendar,
@@ -93,8 +93,8 @@ Outcome = Applied | Mismatch | Duplicates
 class BatchWriter:
     """Turns a ``Tally`` into one script call for one partition slot."""
 
-    def __init__(self, redis: Redis, namespace: str, calendar: Calendar, dedup_ttl: int,
-                 retention: Retention | None = None,
+    def __init__(self, redis: AsyncRedisClient, namespace: str, calendar: Calendar,
+                 dedup_ttl: int, retention: Retention | None = None,
                  firsts_log: FirstsLogSize | None = None) -> None:
         self.redis = redis
         self.namespace = namespace

@@ -28,14 +28,13 @@ from typing import Any
 import faust
 import faust.web
 from aiokafka import AIOKafkaConsumer
-from redis import Redis as SyncRedis
-from redis.asyncio import Redis
 from redis.exceptions import ReadOnlyError
 
 from costline.connectors import bucket_zone
 from costline.connectors.alert_store import AlertStore
 from costline.connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions
 from costline.connectors.redis_apply import BatchWriter
+from costline.connectors.redis_client import connect, connect_async
 from costline.connectors.redis_keys import Calendar
 from costline.connectors.redis_state import RedisState
 from costline.rules.ledger import Intake as Pricer
@@ -119,10 +118,9 @@ class Wiring:
         self.app = faust_app(settings)
         self.metrics, self.health = Metrics(), Health()
         self.prices = PriceBook.load(settings.prices)
-        self.redis = Redis.from_url(settings.redis_url, socket_timeout=10,
-                                    socket_connect_timeout=5, health_check_interval=15)
-        self.sync_redis = SyncRedis.from_url(settings.redis_url, socket_timeout=10,
-                                             socket_connect_timeout=5)
+        # A single Redis or a Redis Cluster, whichever the URL names (connectors.redis_client).
+        self.redis = connect_async(settings.redis_url, health_check_s=15)
+        self.sync_redis = connect(settings.redis_url)
 
     def topic(self, *names: str) -> Any:
         """Topics whose agents take Kafka's bytes and decode them themselves."""
