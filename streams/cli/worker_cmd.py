@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -73,6 +75,25 @@ def claim_bucket_zone(settings: Settings) -> None:
         redis.close()
 
 
+def web_port_problem(port: int) -> str | None:
+    """Why this worker could not listen on its HTTP port, or ``None`` when it can.
+
+    Tried before anything starts, as Faust's web server will bind it (every address, with
+    ``SO_REUSEADDR``): a port another worker holds ends the command with one line instead of
+    a traceback from inside Faust's start-up.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            why = "is in use (another worker?)" if exc.errno == errno.EADDRINUSE else \
+                f"cannot be opened: {exc.strerror}"
+            return (f"port {port} {why}: set COSTLINE_WEB_PORT (or costline --web-port) to a "
+                    "free port for this worker's /healthz, /metrics and /slack/actions")
+    return None
+
+
 def _kafka_answers(bootstrap: str, security: KafkaSecurity) -> bool:
     from costline.connectors.kafka import KafkaUnavailable, api_versions
 
@@ -99,6 +120,10 @@ def register(app: typer.Typer) -> None:
         from costline.streams.worker.app import build_app
 
         settings = settings_of(ctx)
+        problem = web_port_problem(settings.web_port)
+        if problem is not None:
+            typer.echo(f"costline worker: {problem}", err=True)
+            raise typer.Exit(2)
         claim_bucket_zone(settings)
         try:
             _until_kafka_answers(settings.kafka_bootstrap, lambda: create_topics(settings))
@@ -118,13 +143,13 @@ def register(app: typer.Typer) -> None:
                 typer.echo("costline worker: Kafka went away while starting; starting again "
                            "once it answers", err=True)
                 _until_kafka_answers(settings.kafka_bootstrap,
-                                     lambda: _kafka_answers(settings.kafka_bootstrap, security) or
-                                     _raise_unavailable(settings.kafka_bootstrap))
+                                     lambda: _answering(settings.kafka_bootstrap, security))
                 os.execv(sys.executable, [sys.executable, "-m", "costline.streams", *sys.argv[1:]])
             raise
 
 
-def _raise_unavailable(bootstrap: str) -> None:
+def _answering(bootstrap: str, security: KafkaSecurity) -> None:
     from costline.connectors.kafka import KafkaUnavailable
 
-    raise KafkaUnavailable(f"no Kafka broker answered at {bootstrap}")
+    if not _kafka_answers(bootstrap, security):
+        raise KafkaUnavailable(f"no Kafka broker answered at {bootstrap}")
