@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
+from costline.rules.money import money
+
 Block = dict[str, Any]
 
 ACTIONS_BLOCK_ID = "costline.actions"
@@ -37,7 +39,6 @@ SEVERITY_EMOJI = {"info": ":information_source:", "warning": ":warning:",
                   "critical": ":rotating_light:"}
 STATE_EMOJI = {"resolved": ":white_check_mark:", "silenced": ":no_bell:",
                "pending": ":hourglass_flowing_sand:"}
-CURRENCY_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥"}
 BAR_CELLS = 10
 MAX_TOP = 5
 MAX_DIGEST_ITEMS = 40
@@ -224,17 +225,6 @@ def _reclaim(raw: Any) -> Reclaim | None:
 
 
 # ── formatting ────────────────────────────────────────────────────────────────────────────
-
-
-def money(amount: Decimal, currency: str) -> str:
-    """``$8,123.45``; sub-unit amounts keep enough digits not to read as zero."""
-    if amount != 0 and abs(amount) < 1:
-        digits = f"{amount.normalize():f}"
-        number = digits if len(digits) <= 8 else f"{amount:.4f}"
-    else:
-        number = f"{amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,}"
-    symbol = CURRENCY_SYMBOLS.get(currency)
-    return f"{symbol}{number}" if symbol else f"{number} {currency}"
 
 
 def percent(fraction: Decimal) -> str:

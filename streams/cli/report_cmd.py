@@ -33,7 +33,9 @@ def _moment(at: str | None) -> float:
 
 
 def _keys(by: str) -> tuple[str, ...]:
-    keys = tuple(dict.fromkeys(key.strip() for key in by.split(",") if key.strip()))
+    from costline.streams.cli.spend_cmd import group_keys
+
+    keys = tuple(dict.fromkeys(group_keys(by)))
     if not keys:
         raise typer.BadParameter("name at least one key, e.g. team", param_hint="--by")
     return keys
