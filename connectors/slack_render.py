@@ -19,10 +19,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
-from costline.rules.money import money
+from costline.rules.money import figure_in, money, percent, unit_of_kind
 
 Block = dict[str, Any]
 
@@ -227,26 +227,13 @@ def _reclaim(raw: Any) -> Reclaim | None:
 # ── formatting ────────────────────────────────────────────────────────────────────────────
 
 
-def percent(fraction: Decimal) -> str:
-    """A utilization fraction as a whole percentage: ``0.02`` → ``2%``."""
-    return f"{(fraction * 100).quantize(Decimal('1'), rounding=ROUND_HALF_UP)}%"
-
-
 def unit_of(change: AlertChange) -> str:
-    return change.unit or {"idle": "fraction", "log_explosion": "currency_per_hour"}.get(
-        change.kind, "currency")
+    return change.unit or unit_of_kind(change.kind)
 
 
 def figure(change: AlertChange, amount: Decimal) -> str:
     """An amount in the unit the alert's kind measures."""
-    unit = unit_of(change)
-    if unit == "fraction":
-        return percent(amount)
-    if unit == "currency_per_hour":
-        return f"{money(amount, change.currency)}/h"
-    if unit == "currency":
-        return money(amount, change.currency)
-    return f"{amount.normalize():f} {unit}"
+    return figure_in(amount, unit_of(change), change.currency)
 
 
 def usage_bar(fraction: Decimal) -> str:

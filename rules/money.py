@@ -1,4 +1,5 @@
-"""Money for people: ``$1,804.92``, ``-$12.50``, ``1,804.92 CHF``.
+"""Money for people: ``$1,804.92``, ``-$12.50``, ``1,804.92 CHF``; and an alert's figure in
+its unit (``$42.50/h``, ``2%``, ``1,200 gb_hour``).
 
 Totals are exact micro-units (``rules.prices``); machines read them as six-place decimal
 strings (``--json``, the API). People read currency: the symbol or the code, thousands
@@ -36,3 +37,25 @@ def money(amount: Decimal, currency: str) -> str:
 def money_micro(micro: int, currency: str) -> str:
     """An amount held in micro-units (``format_micro``'s input), for people."""
     return money(Decimal(micro) / MICRO, currency)
+
+
+def percent(fraction: Decimal) -> str:
+    """A utilization fraction as a whole percentage: ``0.02`` → ``2%``."""
+    return f"{(fraction * 100).quantize(Decimal('1'), rounding=ROUND_HALF_UP)}%"
+
+
+def unit_of_kind(kind: str) -> str:
+    """What a rule kind's figures measure when an alert record does not say (``unit``)."""
+    return {"idle": "fraction", "log_explosion": "currency_per_hour"}.get(kind, "currency")
+
+
+def figure_in(amount: Decimal, unit: str, currency: str) -> str:
+    """An amount in its unit: money, money per hour, a utilization fraction as a percentage,
+    or a price book unit (``gb_hour``)."""
+    if unit == "fraction":
+        return percent(amount)
+    if unit == "currency_per_hour":
+        return f"{money(amount, currency)}/h"
+    if unit == "currency":
+        return money(amount, currency)
+    return f"{amount.normalize():,f} {unit}"

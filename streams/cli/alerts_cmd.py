@@ -58,8 +58,40 @@ def alert_rows(book: Any) -> list[dict[str, Any]]:
             "alert_id": alert.alert_id,
             "summary": payload.get("summary"),
             "muted": alert.mute.reason if alert.mute else None,
+            "muted_by": alert.mute.by if alert.mute else None,
+            "muted_until": rfc3339(alert.mute.until) if alert.mute else None,
+            "kind": payload.get("kind"),
+            "unit": payload.get("unit"),
+            "currency": payload.get("currency"),
         })
     return rows
+
+
+def shown_state(row: dict[str, Any]) -> str:
+    """The state as people need it: ``firing, silenced until …`` when a silence or a fault's
+    recovery mutes it (its notifications are held, the alert itself goes on)."""
+    by = row.get("muted_by")
+    if not by:
+        return str(row["state"])
+    how = "silenced" if str(by).startswith("silence:") else "muted by a fault"
+    return f"{row['state']}, {how} until {row['muted_until']}"
+
+
+def shown_figure(row: dict[str, Any], field: str) -> str:
+    """``value`` or ``threshold`` in the alert's unit (``$1,804.92``, ``$42.50/h``, ``2%``)."""
+    from decimal import Decimal, InvalidOperation
+
+    from costline.rules.money import figure_in, unit_of_kind
+
+    text = row.get(field)
+    if not text:
+        return ""
+    try:
+        amount = Decimal(str(text))
+    except InvalidOperation:
+        return str(text)
+    unit = row.get("unit") or unit_of_kind(str(row.get("kind") or ""))
+    return figure_in(amount, unit, str(row.get("currency") or ""))
 
 
 def _print_alerts(rows: list[dict[str, Any]]) -> None:
@@ -67,12 +99,14 @@ def _print_alerts(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} alert(s) pending or firing")
+    # On a narrow terminal, figures and rule names are never cut short: the others give way.
     for column in ("state", "severity", "rule", "group", "value", "line", "since"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("rule", "value", "line"),
+                         justify="right" if column in ("value", "line") else "left")
     for row in rows:
         group = ", ".join(f"{k}={v}" for k, v in row["group"].items()) or "—"
-        table.add_row(row["state"], row["severity"] or "", row["rule"], group,
-                      row["value"] or "", row["threshold"] or "", row["since"])
+        table.add_row(shown_state(row), row["severity"] or "", row["rule"], group,
+                      shown_figure(row, "value"), shown_figure(row, "threshold"), row["since"])
     Console().print(table)
 
 
@@ -118,6 +152,8 @@ def register(app: typer.Typer) -> None:
         made = _store(ctx).add_silence(ends_at=time.time() + seconds, rule=rule,
                                        matchers=matchers, created_by=by, comment=comment)
         typer.echo(f"silence {made.id} until {_when(made.ends_at)}")
+        if rule is not None:
+            _warn_if_no_rule(ctx, rule)
 
     @silence.command("list")
     def silence_list(ctx: typer.Context,
@@ -139,6 +175,29 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"no silence {silence_id}", err=True)
             raise typer.Exit(1)
         typer.echo(f"silence {silence_id} expired")
+
+
+def _warn_if_no_rule(ctx: typer.Context, pattern: str) -> None:
+    """A silence of a rule the loaded rule set does not have mutes nothing (yet): say so on
+    stderr, since a typo in a rule name would otherwise leave the alert loud."""
+    from fnmatch import fnmatchcase
+
+    import costline.connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
+    from costline.rules.loader import load_rules
+    from costline.rules.yaml_source import SourceInvalid
+    from costline.streams.cli.root import settings_of
+
+    settings = settings_of(ctx)
+    try:
+        names = sorted(rule.name for rule in load_rules([settings.rules], settings.timezone))
+    except SourceInvalid:
+        typer.echo(f"costline silence add: warning: the rules in {settings.rules} do not load, "
+                   "so the rule name could not be checked", err=True)
+        return
+    if not any(fnmatchcase(name, pattern) for name in names):
+        typer.echo(f"costline silence add: warning: no rule in {settings.rules} is named "
+                   f"{pattern!r}, so the silence mutes nothing until one is (rules: "
+                   f"{', '.join(names) or 'none'})", err=True)
 
 
 def _when(ts: float) -> str:
