@@ -67,6 +67,12 @@ class ReclaimLedger(Protocol):
         """Record a new plan as ``planned``; ``False`` if another plan holds its slot."""
         ...
 
+    async def close_unplanned(self, plan: Plan, record: dict[str, Any],
+                              cooldown_s: int) -> bool:
+        """Record a plan that ends as it is made, in one record; its slot is held
+        ``cooldown_s`` seconds as a closed plan's is. ``False`` if another plan holds it."""
+        ...
+
     async def plans(self) -> list[Tracked]:
         """Every plan not yet closed."""
         ...
@@ -160,6 +166,15 @@ push(KEYS[4], KEYS[5], ARGV[3], ARGV[4])
 return 1
 """
 
+# KEYS: slot, outbox, log  ARGV: id, record, log_max, cooldown
+_UNPLANNED = _PUSH + """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
+if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[4])
+else redis.call('DEL', KEYS[1]) end
+push(KEYS[2], KEYS[3], ARGV[2], ARGV[3])
+return 1
+"""
+
 # KEYS: plan, outbox, log  ARGV: seen, to, record, log_max, at
 _ADVANCE = _PUSH + """
 if redis.call('HGET', KEYS[1], 'state') ~= ARGV[1] then return 0 end
@@ -230,6 +245,7 @@ class RedisReclaimLedger:
         self._redis = redis
         self._p = f"{{{namespace}:reclaim}}"
         self._open = redis.register_script(_OPEN)
+        self._unplanned = redis.register_script(_UNPLANNED)
         self._advance = redis.register_script(_ADVANCE)
         self._claim = redis.register_script(_CLAIM)
         self._close = redis.register_script(_CLOSE)
@@ -269,6 +285,12 @@ class RedisReclaimLedger:
         args: list[str | int] = [plan.plan_id, json.dumps(plan.to_dict()), _json(record),
                                  LOG_MAX]
         return bool(await self._open(keys=keys, args=args))
+
+    async def close_unplanned(self, plan: Plan, record: dict[str, Any],
+                              cooldown_s: int) -> bool:
+        keys = [self._slot(plan.rule, plan.resource_id), *self._lists]
+        args: list[str | int] = [plan.plan_id, _json(record), LOG_MAX, max(0, int(cooldown_s))]
+        return bool(await self._unplanned(keys=keys, args=args))
 
     async def plans(self) -> list[Tracked]:
         ids = sorted(_text(i) or "" for i in await self._redis.smembers(f"{self._p}:open"))
@@ -394,6 +416,16 @@ class MemoryReclaimLedger:
         self._plans[plan.plan_id] = {"plan": plan, "state": "planned", "approved_by": None,
                                      "claimed_at": None, "warned_at": None}
         self._open.add(plan.plan_id)
+        self._push(record)
+        return True
+
+    async def close_unplanned(self, plan: Plan, record: dict[str, Any],
+                              cooldown_s: int) -> bool:
+        if await self.holder(plan.rule, plan.resource_id) is not None:
+            return False
+        if cooldown_s > 0:
+            self._slots[(plan.rule, plan.resource_id)] = (plan.plan_id,
+                                                          self._clock() + cooldown_s)
         self._push(record)
         return True
 
