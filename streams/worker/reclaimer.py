@@ -366,7 +366,7 @@ def build_reclaimer(settings: Settings, rules: RuleSource, sink: Sink,
 
     # Timeouts: a Redis that takes connections but never answers fails a tick, which is
     # retried, instead of hanging the reclaimer.
-    timeouts = {"socket_timeout": 10, "socket_connect_timeout": 5}
+    timeouts: dict[str, Any] = {"socket_timeout": 10, "socket_connect_timeout": 5}
     state = RedisState(SyncRedis.from_url(settings.redis_url, **timeouts), settings.namespace,
                        settings.timezone)
     ledger = RedisReclaimLedger(Redis.from_url(settings.redis_url, **timeouts),
