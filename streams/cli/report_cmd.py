@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, cast
 import typer
 
 from costline.streams.cli import command_group
+from costline.streams.cli.root import AT_HELP
 
 if TYPE_CHECKING:
     from costline.rules.durations import Period
@@ -21,15 +22,6 @@ def _period(period: str) -> Period:
     if period not in PERIODS:
         raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
     return cast("Period", period)
-
-
-def _moment(at: str | None) -> float:
-    from costline.rules.durations import parse_time
-
-    try:
-        return parse_time(at) if at is not None else time.time()
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--at") from exc
 
 
 def _keys(by: str) -> tuple[str, ...]:
@@ -58,8 +50,7 @@ def register(app: typer.Typer) -> None:
         html: Path = typer.Option(..., "--html", help="Write the page to this file ('-' for "
                                   "standard output)."),
         period: str = typer.Option("month", help="day, week or month."),
-        at: str | None = typer.Option(None, help="A moment inside the period (RFC 3339 or "
-                                      "Unix seconds); default now."),
+        at: str | None = typer.Option(None, help=AT_HELP),
         by: str = typer.Option(DEFAULT_BY, help="Top spenders by these keys (tags, category, "
                                "resource_type), comma-separated; one chart each."),
     ) -> None:
@@ -68,11 +59,12 @@ def register(app: typer.Typer) -> None:
         from costline.connectors.report_html import render
         from costline.rules.loader import RulesInvalid
         from costline.streams.cli.report import ReportRequest, gather
-        from costline.streams.cli.root import settings_of
+        from costline.streams.cli.root import moment, settings_of
 
         settings = settings_of(ctx)
-        request = ReportRequest(period=_period(period), at=_moment(at), now=time.time(),
-                                zone=settings.timezone, by=_keys(by))
+        now = time.time()
+        request = ReportRequest(period=_period(period), at=moment(at, now, settings.timezone),
+                                now=now, zone=settings.timezone, by=_keys(by))
         try:
             page = render(gather(settings, request))
         except RulesInvalid as exc:

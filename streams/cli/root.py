@@ -129,6 +129,23 @@ def zone_option(value: str | None) -> str | None:
         raise typer.BadParameter(str(exc)) from exc
 
 
+AT_HELP = ("A moment inside the period: RFC 3339 with an offset, Unix seconds, now, today, "
+           "yesterday, or a time ago such as -2h or -7d; default now.")
+
+
+def moment(at: str | None, now: float, zone: str) -> float:
+    """``--at``: the moment asked for (``costline.rules.durations.parse_moment``), or now; a
+    time that does not read is a usage error (exit 2) listing the forms that do."""
+    from costline.rules.durations import parse_moment
+
+    if at is None:
+        return now
+    try:
+        return parse_moment(at, now, zone)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--at") from exc
+
+
 _registered: list[bool] = []
 
 

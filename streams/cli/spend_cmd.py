@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from costline.rules.events import TagKey
 from costline.rules.state import Measure, totals_each
 from costline.streams.cli import command_group
-from costline.streams.cli.root import zone_option
+from costline.streams.cli.root import AT_HELP, moment, zone_option
 
 PERIODS = ("day", "week", "month")
 
@@ -204,8 +204,7 @@ def register(app: typer.Typer) -> None:
                                         "repeatable: different keys must all match, a key "
                                         "given again matches any of its values."),
         period: str = typer.Option("month", help="day, week or month."),
-        at: str | None = typer.Option(None, help="A moment inside the period (RFC 3339 or "
-                                      "Unix seconds); default now."),
+        at: str | None = typer.Option(None, help=AT_HELP),
         zone: str | None = typer.Option(None, "--tz", callback=zone_option, help="Time zone "
                                         "of the period; default COSTLINE_TIMEZONE."),
         peaks: bool = typer.Option(False, help="Also give each group's peak hourly spend."),
@@ -217,7 +216,7 @@ def register(app: typer.Typer) -> None:
         from redis import Redis
 
         from costline.connectors.redis_state import RedisState
-        from costline.rules.durations import parse_time, period_bounds
+        from costline.rules.durations import period_bounds
         from costline.rules.prices import PriceBook
         from costline.streams.cli.root import settings_of
 
@@ -226,11 +225,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
         keys = group_keys(by)
         filters = parse_filters(where)
-        try:
-            moment = parse_time(at) if at is not None else time.time()
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--at") from exc
-        start, end = period_bounds(moment, period, zone or settings.timezone)  # type: ignore[arg-type]
+        zone = zone or settings.timezone
+        start, end = period_bounds(moment(at, time.time(), zone), period, zone)  # type: ignore[arg-type]
         # A Redis that never answers ends the command with an error instead of hanging it.
         redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
         state = RedisState(redis, settings.namespace, settings.timezone)

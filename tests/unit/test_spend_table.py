@@ -70,3 +70,20 @@ def test_a_key_that_cannot_be_a_tag_key_is_refused(spend, option: str) -> None:
     assert result.exit_code == 2
     said = " ".join(result.stderr.replace("│", " ").split())
     assert "'Team' cannot be a tag key" in said and "did you mean 'team'?" in said
+
+
+def test_at_yesterday_asks_for_the_day_before(spend, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: T0 + 86400)  # 2026-12-01T08:00:00Z
+    found = json.loads(spend("--by", "team", "--at", "yesterday", "--json").stdout)
+    assert found["period"] == {"start": "2026-11-30T00:00:00Z", "end": "2026-12-01T00:00:00Z"}
+    assert found["rows"]
+
+
+def test_an_at_that_does_not_read_lists_the_forms_that_do(spend) -> None:
+    result = spend("--at", "last tuesday")
+    assert result.exit_code == 2
+    said = " ".join(result.stderr.replace("│", " ").split())
+    assert "'last tuesday' is not a time: write RFC 3339 with an offset" in said
+    assert "now, today, yesterday, or a time ago such as -2h or -7d" in said
