@@ -42,7 +42,7 @@ def redis_failure(command: str, redis_url: str, exc: RedisError) -> str:
 class _Costline(TyperGroup):
     """The root command: a Redis failure in any command ends it cleanly, with exit code 1."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # click's Context, which typer may vendor
         try:
             return super().invoke(ctx)
         except RedisError as exc:
@@ -113,9 +113,10 @@ def settings_of(ctx: typer.Context) -> Settings:
 def _command_name(ctx: typer.Context) -> str:
     """``costline reclaim status``, also when started as ``python -m costline.streams``."""
     names: list[str] = []
-    while ctx.parent is not None:
-        names.append(ctx.info_name or "")
-        ctx = ctx.parent
+    level: Any = ctx  # its parents are click's contexts, which typer may vendor
+    while level.parent is not None:
+        names.append(level.info_name or "")
+        level = level.parent
     return " ".join(["costline", *reversed(names)])
 
 
