@@ -28,7 +28,7 @@ from costline.rules.loader import load_rules, rule_files, rules_json_schema
 from costline.rules.memory_state import InMemoryState
 from costline.rules.prices import PriceBook
 from costline.rules.ruletest import RuleTestReport, run_rule_tests
-from costline.rules.yaml_source import SourceInvalid
+from costline.rules.yaml_source import SourceError, SourceInvalid
 from costline.streams.cli import command_group
 from costline.streams.cli.root import settings_of
 
@@ -43,15 +43,34 @@ rules_app = typer.Typer(
 def validate(
     ctx: typer.Context,
     paths: list[Path] = typer.Argument(..., help="Rule files or directories of them."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: valid, rules, files and "
+                                 "problems (file, line, column, message)."),
 ) -> None:
     """Exit 0 if every rule file is valid; else print FILE:LINE:COL: message per problem."""
     settings = settings_of(ctx)
     try:
         ruleset = load_rules(paths, settings.timezone)
     except SourceInvalid as exc:
-        _problems(exc)
+        if not as_json:
+            _problems(exc)
+        typer.echo(json.dumps(validation(exc.errors), indent=2))
+        raise typer.Exit(1) from exc
     files = len(rule_files(paths))
+    if as_json:
+        typer.echo(json.dumps(validation([], len(ruleset), files), indent=2))
+        return
     typer.echo(f"ok: {_count(len(ruleset), 'rule')} in {_count(files, 'file')}")
+
+
+def validation(problems: list[SourceError], rules: int = 0, files: int = 0) -> dict[str, Any]:
+    """What ``rules validate --json`` prints: the verdict, what loaded, and every problem."""
+    return {
+        "valid": not problems,
+        "rules": rules,
+        "files": files,
+        "problems": [{"file": p.file, "line": p.line, "column": p.col, "message": p.message}
+                     for p in problems],
+    }
 
 
 @rules_app.command("schema")
