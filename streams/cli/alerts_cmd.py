@@ -140,7 +140,8 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         duration: str = typer.Option(..., "--for", help="How long, e.g. 2h or 1d."),
         rule: str | None = typer.Option(None, help="Rule name (a * glob is allowed)."),
-        match: list[str] = typer.Option([], help="KEY=VALUE tag matcher; repeatable."),
+        match: list[str] = typer.Option([], metavar="KEY=VALUE",
+                                   help="Tag matcher; repeatable."),
         comment: str = typer.Option("", help="Why."),
         by: str = typer.Option("", help="Who."),
     ) -> None:

@@ -50,9 +50,10 @@ def register(app: typer.Typer) -> None:
         html: Path = typer.Option(..., "--html", help="Write the page to this file ('-' for "
                                   "standard output)."),
         period: str = typer.Option("month", help="day, week or month."),
-        at: str | None = typer.Option(None, help=AT_HELP),
-        by: str = typer.Option(DEFAULT_BY, help="Top spenders by these keys (tags, category, "
-                               "resource_type), comma-separated; one chart each."),
+        at: str | None = typer.Option(None, metavar="TIME", help=AT_HELP),
+        by: str = typer.Option(DEFAULT_BY, metavar="KEY,...", help="Top spenders by these "
+                               "keys (tags, category, resource_type), comma-separated; one "
+                               "chart each."),
     ) -> None:
         """A self-contained HTML report: spend against budgets, waste by fault type, top
         spenders and the idle hours reclaimed, for a day, week or month."""

@@ -153,9 +153,11 @@ _registered: list[bool] = []
 def _register() -> None:
     """Attach every command group, once. Imported late so ``costline --help`` stays fast."""
     from costline.streams import cli
+    from costline.streams.cli import placeholders
 
     if _registered:
         return
+    placeholders.install()
     for register in cli.load_all():
         register(app)
     _registered.append(True)

@@ -198,13 +198,13 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def spend(
         ctx: typer.Context,
-        by: str = typer.Option("", help="Group by these keys (tags, category, resource_type, "
-                               "billing), comma-separated."),
-        where: list[str] = typer.Option([], help="KEY=VALUE filter (a * glob is allowed); "
-                                        "repeatable: different keys must all match, a key "
-                                        "given again matches any of its values."),
+        by: str = typer.Option("", metavar="KEY,...", help="Group by these keys (tags, "
+                               "category, resource_type, billing), comma-separated."),
+        where: list[str] = typer.Option([], metavar="KEY=VALUE", help="Filter (a * glob is "
+                                        "allowed); repeatable: different keys must all match, "
+                                        "a key given again matches any of its values."),
         period: str = typer.Option("month", help="day, week or month."),
-        at: str | None = typer.Option(None, help=AT_HELP),
+        at: str | None = typer.Option(None, metavar="TIME", help=AT_HELP),
         zone: str | None = typer.Option(None, "--tz", callback=zone_option, help="Time zone "
                                         "of the period; default COSTLINE_TIMEZONE."),
         peaks: bool = typer.Option(False, help="Also give each group's peak hourly spend."),
