@@ -227,7 +227,7 @@ class Settings(BaseSettings):
         """Read once here, so a URL redis-py cannot read fails with a message of ours: its own
         (e.g. ``Port could not be cast to integer value as 's3cr'``) can quote the password."""
         try:
-            options = parse_url(value)
+            options = parse_url(value)  # type: ignore[no-untyped-call]  # redis-py: untyped
         except ValueError:
             raise ValueError(
                 "not a Redis URL: redis://, rediss:// or unix://, with any of : / ? # @ in "
