@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
@@ -94,6 +94,19 @@ def web_port_problem(port: int) -> str | None:
     return None
 
 
+def faust_worker(app: Any, loglevel: str, stdout: IO[str] | None = None) -> Any:
+    """Faust's worker for ``app``. Its start-up spinner draws with terminal escapes (hide the
+    cursor, backspace, show it again): on a terminal it is kept, in a log file it would be
+    noise, so there it is left out."""
+    import faust
+
+    out = sys.stdout if stdout is None else stdout
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, stdout=out)
+    if not out.isatty():
+        worker.spinner = None
+    return worker
+
+
 def _kafka_answers(bootstrap: str, security: KafkaSecurity) -> bool:
     from costline.connectors.kafka import KafkaUnavailable, api_versions
 
@@ -112,7 +125,6 @@ def register(app: typer.Typer) -> None:
         loglevel: str = typer.Option("info", help="debug, info, warning or error."),
     ) -> None:
         """Run the Faust stream processors (aggregation into Redis) until stopped."""
-        import faust
 
         from costline.connectors.kafka import KafkaLoginFailed
         from costline.streams.cli.root import settings_of
@@ -134,7 +146,7 @@ def register(app: typer.Typer) -> None:
         logging.getLogger("costline").setLevel(loglevel.upper())
         started = time.monotonic()
         try:
-            faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+            faust_worker(app, loglevel).execute_from_commandline()
         except SystemExit as exit_:
             # Faust gives up when the broker vanishes while it starts: wait and start again.
             security = settings.kafka_security()

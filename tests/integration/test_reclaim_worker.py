@@ -122,3 +122,4 @@ def test_a_short_grace_ends_within_one_reclaim_tick(services, kafka_namespace, t
         assert 5 <= at["skipped"] - at["warned"] <= 5 + 1 + 1, at
     finally:
         worker.stop()
+    assert b"\x1b[" not in worker.log.read_bytes(), "terminal escapes in a log file"

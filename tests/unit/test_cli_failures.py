@@ -168,3 +168,20 @@ def test_a_worker_on_a_taken_port_says_so_in_one_line_naming_the_setting(tmp_pat
         f"costline worker: port {port} is in use (another worker?): set COSTLINE_WEB_PORT (or "
         "costline --web-port) to a free port for this worker's /healthz, /metrics and "
         "/slack/actions"]
+
+
+def test_a_worker_logging_to_a_file_draws_no_spinner(tmp_path: Path) -> None:
+    """Faust's start-up spinner writes terminal escapes ([?25l) into a log file; a terminal
+    keeps it."""
+    import faust
+
+    from costline.streams.cli.worker_cmd import faust_worker
+
+    app = faust.App("spinner-test", broker="kafka://127.0.0.1:1", store="memory://",
+                    datadir=str(tmp_path), autodiscover=False)
+    with (tmp_path / "worker.log").open("w") as log:
+        assert faust_worker(app, "warning", log).spinner is None
+    controller, terminal = os.openpty()
+    with os.fdopen(terminal, "w") as tty:
+        assert faust_worker(app, "warning", tty).spinner is not None
+    os.close(controller)
