@@ -368,8 +368,14 @@ def _figure_section(change: AlertChange) -> Block:
 def _trend_section(change: AlertChange) -> Block | None:
     parts = []
     if change.rate_per_hour is not None:
-        rate = money(change.rate_per_hour, change.currency)
-        parts.append(f":chart_with_upwards_trend: Burning *{rate}/h*")
+        unit = unit_of(change)
+        if change.kind == "growth" and not unit.startswith("currency"):
+            # a growth rule on quantity (GB-hours of checkpoints): its rate is no money
+            rate = figure_in(change.rate_per_hour, unit, change.currency)
+            parts.append(f":chart_with_upwards_trend: Rate *{rate}/h*")
+        else:
+            rate = money(change.rate_per_hour, change.currency)
+            parts.append(f":chart_with_upwards_trend: Burning *{rate}/h*")
     if change.forecast is not None:
         text = f":crystal_ball: Forecast *{figure(change, change.forecast.value)}* at period end"
         if change.forecast.crosses_at is not None:

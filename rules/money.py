@@ -21,14 +21,15 @@ _CENT = Decimal("0.01")
 
 
 def money(amount: Decimal, currency: str) -> str:
-    """``$8,123.45``: two decimals, except that a nonzero amount under one unit keeps the
-    digits it needs not to read as zero (``$0.0002``)."""
+    """``$8,123.45``: two decimals, except that a nonzero amount that would round to zero
+    keeps the digits it needs not to read as nothing (``$0.0002``)."""
     magnitude = abs(amount)
-    if 0 < magnitude < 1 and magnitude != magnitude.quantize(_CENT):
+    cents = magnitude.quantize(_CENT, rounding=ROUND_HALF_UP)
+    if magnitude and not cents:
         digits = f"{magnitude.normalize():f}"
         number = digits if len(digits) <= 8 else f"{magnitude:.4f}"
     else:
-        number = f"{magnitude.quantize(_CENT, rounding=ROUND_HALF_UP):,}"
+        number = f"{cents:,}"
     sign = "-" if amount < 0 and number.strip("0.") else ""
     symbol = CURRENCY_SYMBOLS.get(currency)
     return f"{sign}{symbol}{number}" if symbol else f"{sign}{number} {currency}"
@@ -58,4 +59,4 @@ def figure_in(amount: Decimal, unit: str, currency: str) -> str:
         return f"{money(amount, currency)}/h"
     if unit == "currency":
         return money(amount, currency)
-    return f"{amount.normalize():,f} {unit}"
+    return f"{amount.quantize(_CENT, rounding=ROUND_HALF_UP).normalize():,f} {unit}"

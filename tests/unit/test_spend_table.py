@@ -20,7 +20,8 @@ def test_money_reads_as_currency() -> None:
     assert money(Decimal("1804.92"), "CHF") == "1,804.92 CHF"
     assert money(Decimal("0"), "USD") == "$0.00"
     assert money(Decimal("0.5"), "USD") == "$0.50"
-    assert money(Decimal("0.000200"), "USD") == "$0.0002"
+    assert money(Decimal("0.370968"), "USD") == "$0.37"
+    assert money(Decimal("0.000200"), "USD") == "$0.0002"  # not read as nothing
     assert money(Decimal("-1234.5"), "EUR") == "-€1,234.50"
     assert money_micro(1_974_311_500, "USD") == "$1,974.31"
 
