@@ -63,6 +63,7 @@ def alert_rows(book: Any) -> list[dict[str, Any]]:
             "kind": payload.get("kind"),
             "unit": payload.get("unit"),
             "currency": payload.get("currency"),
+            "period": payload.get("period"),
         })
     return rows
 
