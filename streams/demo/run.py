@@ -387,27 +387,29 @@ def amounts_table(title: str, what: str, amounts: dict[str, str], currency: str)
 
 
 def alerts_table(rows: list[dict[str, Any]], now: float, zone: str) -> Table:
-    """The alerts pending or firing, each with the period its rule counted: a calendar
-    budget counts its day or month, a window rule the last hours or minutes."""
+    """The alerts pending or firing (rule, then its group), each with the period its rule
+    counted: a calendar budget its day or month, a window rule the last hours or minutes."""
     from costline.streams.cli.alerts_cmd import shown_figure, shown_state
 
     grid = Table(title="Alerts now, each over the period its rule counts")
-    for column in ("alert", "group", "value", "line", "counts"):
-        grid.add_column(column, no_wrap=column in ("value", "line", "counts"),
+    for column in ("alert", "value", "line", "counts"):
+        grid.add_column(column, no_wrap=column != "alert",
                         justify="right" if column in ("value", "line") else "left")
     for row in rows:
         state = shown_state(row)
         alert = row["rule"] if state == "firing" else f"{row['rule']} ({state})"
+        group = ", ".join(row["group"].values())
         period = row.get("period") or {}
         counted = period_words(parse_time(period["start"]), parse_time(period["end"]), now,
                                zone) if period.get("start") and period.get("end") else ""
-        grid.add_row(alert, ", ".join(row["group"].values()), shown_figure(row, "value"),
+        grid.add_row(f"{alert}\n  {group}" if group else alert, shown_figure(row, "value"),
                      shown_figure(row, "threshold"), counted)
     return grid
 
 
 def period_words(start: float, end: float, now: float, zone: str) -> str:
-    """``last 6h`` for a window ending now, ``Dec 01 → Jan 01`` for a calendar period."""
+    """``last 6h`` for a window ending now; a calendar day, week or month by its name
+    (``Dec 03``, ``week of Nov 30``, ``Dec 2026``)."""
     from costline.rules.durations import format_duration
 
     if abs(now - end) < 600:
@@ -415,7 +417,13 @@ def period_words(start: float, end: float, now: float, zone: str) -> str:
     tz = ZoneInfo(zone)
     first, last = datetime.fromtimestamp(start, tz), datetime.fromtimestamp(end, tz)
     if first.time() == last.time() == datetime.min.time():
-        return f"{first.strftime('%b %d')} → {last.strftime('%b %d')}"
+        days = (last.date() - first.date()).days
+        if days == 1:
+            return first.strftime("%b %d")
+        if days == 7:
+            return f"week of {first.strftime('%b %d')}"
+        if first.day == last.day == 1:
+            return first.strftime("%b %Y")
     return span_text(start, end, zone)
 
 

@@ -89,23 +89,29 @@ def test_each_table_says_the_period_it_covers_and_ends_with_its_total() -> None:
 
 
 def test_each_alert_says_the_period_its_rule_counts() -> None:
-    december = (datetime(2026, 12, 1, tzinfo=UTC).timestamp(),
-                datetime(2027, 1, 1, tzinfo=UTC).timestamp())
-    assert period_words(*december, THURSDAY, "UTC") == "Dec 01 → Jan 01"
+    def at(*day: int) -> float:
+        return datetime(*day, tzinfo=UTC).timestamp()
+
+    assert period_words(at(2026, 12, 1), at(2027, 1, 1), THURSDAY, "UTC") == "Dec 2026"
+    assert period_words(at(2026, 12, 3), at(2026, 12, 4), THURSDAY, "UTC") == "Dec 03"
+    assert period_words(at(2026, 11, 30), at(2026, 12, 7), THURSDAY, "UTC") == \
+        "week of Nov 30"
     assert period_words(THURSDAY - 6 * 3600 - 60, THURSDAY - 60, THURSDAY, "UTC") == "last 6h"
     rows = [{"rule": "team-monthly", "group": {"team": "pretrain"}, "state": "firing",
              "kind": "budget", "unit": "currency", "currency": "USD", "value": "98031.210000",
              "threshold": "250000.000000", "muted_by": None,
              "period": {"start": "2026-12-01T00:00:00Z", "end": "2027-01-01T00:00:00Z"}},
-            {"rule": "log-explosion", "group": {"project": "llm-70b", "job": "run-42"},
-             "state": "pending", "kind": "log_explosion", "unit": "currency_per_hour",
-             "currency": "USD", "value": "120.000000", "threshold": "50.000000",
-             "muted_by": None,
-             "period": {"start": "2026-12-03T23:00:00Z", "end": "2026-12-03T23:15:00Z"}}]
+            {"rule": "checkpoint-growth", "group": {"project": "llm-70b"}, "state": "pending",
+             "kind": "growth", "unit": "gb_hour", "currency": "USD", "value": "636369.500000",
+             "threshold": "493889.860000", "muted_by": None,
+             "period": {"start": "2026-12-03T17:15:00Z", "end": "2026-12-03T23:15:00Z"}}]
     console = Console(width=80, record=True)
     console.print(alerts_table(rows, THURSDAY, "UTC"))
-    lines = [line.replace("│", " ").split() for line in console.export_text().splitlines()]
-    assert ["team-monthly", "pretrain", "$98,031.21", "$250,000.00", "Dec", "01", "→", "Jan",
-            "01"] in lines
-    assert ["log-explosion", "llm-70b,", "$120.00/h", "$50.00/h", "last", "15m"] in lines
-    assert ["(pending)", "run-42"] in lines
+    shown = console.export_text()
+    assert "…" not in shown, "nothing cut short on an 80-column terminal"
+    lines = [line.replace("│", " ").split() for line in shown.splitlines()]
+    assert ["team-monthly", "$98,031.21", "$250,000.00", "Dec", "2026"] in lines
+    assert ["pretrain"] in lines
+    assert ["checkpoint-growth", "636,369.5", "gb_hour", "493,889.86", "gb_hour", "last",
+            "6h"] in lines
+    assert ["(pending)"] in lines
