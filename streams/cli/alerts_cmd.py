@@ -96,19 +96,31 @@ def shown_figure(row: dict[str, Any], field: str) -> str:
 
 
 def _print_alerts(rows: list[dict[str, Any]]) -> None:
+    """One row per alert: the rule with its severity, state and group under it, the figure and
+    the line in the alert's unit, and since when; it fits an 80-column terminal uncut."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} alert(s) pending or firing")
-    # On a narrow terminal, figures and rule names are never cut short: the others give way.
-    for column in ("state", "severity", "rule", "group", "value", "line", "since"):
-        table.add_column(column, no_wrap=column in ("rule", "value", "line"),
+    for column in ("alert", "value", "line", "since"):
+        table.add_column(column, no_wrap=column != "alert", overflow="fold",
                          justify="right" if column in ("value", "line") else "left")
     for row in rows:
-        group = ", ".join(f"{k}={v}" for k, v in row["group"].items()) or "—"
-        table.add_row(shown_state(row), row["severity"] or "", row["rule"], group,
-                      shown_figure(row, "value"), shown_figure(row, "threshold"), row["since"])
+        group = ", ".join(f"{k}={v}" for k, v in row["group"].items()) or "everything"
+        alert = f"{row['rule']}\n{row['severity'] or 'warning'}, {shown_state(row)}\n{group}"
+        table.add_row(alert, shown_figure(row, "value"), shown_figure(row, "threshold"),
+                      _short_time(row["since"]))
     Console().print(table)
+
+
+def _short_time(text: str) -> str:
+    """``2026-12-03T23:40:15Z`` → ``Dec 03 23:40Z``: the minute is what a reader needs."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).strftime("%b %d %H:%MZ")
+    except ValueError:
+        return text
 
 
 def _duration(text: str) -> float:

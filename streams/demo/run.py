@@ -393,7 +393,7 @@ def alerts_table(rows: list[dict[str, Any]], now: float, zone: str) -> Table:
 
     grid = Table(title="Alerts now, each over the period its rule counts")
     for column in ("alert", "value", "line", "counts"):
-        grid.add_column(column, no_wrap=column != "alert",
+        grid.add_column(column, no_wrap=column != "alert", overflow="fold",
                         justify="right" if column in ("value", "line") else "left")
     for row in rows:
         state = shown_state(row)

@@ -4,6 +4,7 @@ a silenced alert shown as silenced, a silence of a rule that does not exist warn
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,11 @@ class Store:
         found = [
             alert("team-monthly", "budget", "currency", "98014.788480", "250000.000000",
                   Mute("silence:abc123", T0 + 4 * 3600, "known overrun")),
-            alert("gpu-idle", "idle", "fraction", "0.015000", "0.050000"),
+            replace(alert("gpu-idle", "idle", "fraction", "0.015000", "0.050000"),
+                    payload={**alert("gpu-idle", "idle", "fraction", "0.015000",
+                                     "0.050000").payload,
+                             "group": {"team": "research",
+                                       "resource_id": "lab/dev-gpu-01-with-a-long-name"}}),
             alert("log-explosion", "log_explosion", "currency_per_hour", "120.000000",
                   "50.000000"),
         ]
@@ -64,13 +69,21 @@ def run(monkeypatch: pytest.MonkeyPatch):
 
 def test_the_table_shows_figures_in_their_unit_and_a_silence(run) -> None:
     out = run("alerts").stdout
-    rows = {line.split("│")[3].strip(): [cell.strip() for cell in line.split("│")[1:-1]]
-            for line in out.splitlines() if line.startswith("│")}
-    assert rows["team-monthly"][0] == "firing, silenced until 2026-12-02T04:00:00Z"
-    assert rows["team-monthly"][4:6] == ["$98,014.79", "$250,000.00"]
-    assert rows["gpu-idle"][0] == "firing"
-    assert rows["gpu-idle"][4:6] == ["2%", "5%"]
-    assert rows["log-explosion"][4:6] == ["$120.00/h", "$50.00/h"]
+    lines = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines()
+             if line.startswith("│")]
+    assert ["team-monthly", "$98,014.79", "$250,000.00", "Dec 02 00:00Z"] in lines
+    assert ["gpu-idle", "2%", "5%", "Dec 02 00:00Z"] in lines
+    assert ["log-explosion", "$120.00/h", "$50.00/h", "Dec 02 00:00Z"] in lines
+    said = " ".join(" ".join(cell for line in lines for cell in line).split())
+    assert "warning, firing, silenced until 2026-12-02T04:00:00Z team=pretrain" in said
+
+
+def test_the_table_fits_an_80_column_terminal_uncut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(alerts_cmd, "_store", lambda ctx: Store())
+    _register()
+    out = CliRunner().invoke(app, ["alerts"], env={"COLUMNS": "80"}).stdout
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80
 
 
 def test_json_says_who_mutes_an_alert_and_keeps_exact_figures(run) -> None:
