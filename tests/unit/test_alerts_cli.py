@@ -109,18 +109,3 @@ def test_a_silence_of_a_loaded_rule_says_nothing_more(run, rule: str) -> None:
     assert result.exit_code == 0
     assert result.stderr == ""
 
-
-def test_an_action_line_shows_the_saving_as_money() -> None:
-    from costline.streams.cli.actions_cmd import action_line
-
-    record = {"at": "2026-12-02T00:00:00Z", "step": "executed", "rule": "gpu-idle",
-              "resource_id": "lab/dev-gpu-01", "connector": "slurm", "mode": "live",
-              "currency": "USD", "saved": "1974.311500", "reason": "cancelled Slurm job 7"}
-    assert action_line(record) == (
-        "2026-12-02T00:00:00Z executed gpu-idle lab/dev-gpu-01 via slurm (live) saved "
-        "$1,974.31: cancelled Slurm job 7")
-    dry = {**record, "step": "skipped", "mode": "dry_run", "saved": "0.000000",
-           "would_save": "37.647192", "reason": "dry run: would cancel Slurm job 7"}
-    assert "(dry_run) would save $37.65: dry run" in action_line(dry)
-    assert action_line({**record, "saved": "0.000000"}).endswith(
-        "via slurm (live): cancelled Slurm job 7")
