@@ -126,7 +126,10 @@ def backtest(
         typer.echo(f"{events}: cannot read: {exc.strerror}", err=True)
         raise typer.Exit(1) from exc
     for problem in recording.rejected:
-        typer.echo(f"skipped: {problem}", err=True)
+        typer.echo(problem, err=True)
+    if recording.rejected:
+        typer.echo(f"costline rules backtest: {_count(len(recording.rejected), 'line')} left out: "
+                   "the worker would refuse them", err=True)
     _check_until(end, recording)
     with _progress_bar() as progress:
         result = run_backtest(engine, InMemoryState(prices), recording.events, end,
