@@ -412,8 +412,6 @@ def period_words(start: float, end: float, now: float, zone: str) -> str:
     (``Dec 03``, ``week of Nov 30``, ``Dec 2026``)."""
     from costline.rules.durations import format_duration
 
-    if abs(now - end) < 600:
-        return f"last {format_duration(int(round((end - start) / 60)) * 60)}"
     tz = ZoneInfo(zone)
     first, last = datetime.fromtimestamp(start, tz), datetime.fromtimestamp(end, tz)
     if first.time() == last.time() == datetime.min.time():
@@ -424,6 +422,8 @@ def period_words(start: float, end: float, now: float, zone: str) -> str:
             return f"week of {first.strftime('%b %d')}"
         if first.day == last.day == 1:
             return first.strftime("%b %Y")
+    if abs(now - end) < 600:
+        return f"last {format_duration(int(round((end - start) / 60)) * 60)}"
     return span_text(start, end, zone)
 
 

@@ -94,6 +94,9 @@ def test_each_alert_says_the_period_its_rule_counts() -> None:
 
     assert period_words(at(2026, 12, 1), at(2027, 1, 1), THURSDAY, "UTC") == "Dec 2026"
     assert period_words(at(2026, 12, 3), at(2026, 12, 4), THURSDAY, "UTC") == "Dec 03"
+    minutes_to_midnight = at(2026, 12, 4) - 240
+    assert period_words(at(2026, 12, 3), at(2026, 12, 4), minutes_to_midnight, "UTC") == \
+        "Dec 03"  # a calendar day, not "last 1d"
     assert period_words(at(2026, 11, 30), at(2026, 12, 7), THURSDAY, "UTC") == \
         "week of Nov 30"
     assert period_words(THURSDAY - 6 * 3600 - 60, THURSDAY - 60, THURSDAY, "UTC") == "last 6h"
