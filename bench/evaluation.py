@@ -72,6 +72,7 @@ def child(ns: str, redis_url: str, mode: str, ticks: int, new_tagsets: int) -> d
     from redis import Redis
 
     from costline.connectors.alert_store import AlertStore
+    from costline.connectors.plugins import PLUGINS
     from costline.connectors.redis_state import RedisState
     from costline.rules.engine import Engine
     from costline.rules.prices import PriceBook
@@ -88,7 +89,7 @@ def child(ns: str, redis_url: str, mode: str, ticks: int, new_tagsets: int) -> d
     redis = Redis.from_url(redis_url)
     state = (RedisState if mode == "log" else Untold)(redis, ns, "UTC")
     runner = InlineRunner(state, AlertStore(redis, ns))
-    engine = Engine.load([DEFAULT_RULES], PriceBook.load(DEFAULT_PRICES))
+    engine = Engine.load([DEFAULT_RULES], PriceBook.load(DEFAULT_PRICES), plugins=PLUGINS)
     collector.settle()  # as the evaluation process does once started
 
     def timed() -> float:

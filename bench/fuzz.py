@@ -149,7 +149,7 @@ def parser_target() -> tuple[list[bytes], Callable[[bytes], str]]:
 
 
 def rules_target(slow_s: float) -> tuple[list[bytes], Callable[[bytes], str]]:
-    import costline.connectors.reclaim  # noqa: F401 - reclaim connectors validate their parameters
+    from costline.connectors.plugins import PLUGINS
     from costline.rules.loader import RuleSet, RulesInvalid, load_rule_text
     from costline.streams.settings import DEFAULT_RULES
 
@@ -159,7 +159,7 @@ def rules_target(slow_s: float) -> tuple[list[bytes], Callable[[bytes], str]]:
         text = raw.decode("utf-8", errors="replace")
         started = time.perf_counter()
         try:
-            rules = load_rule_text(text, file="f.yaml")
+            rules = load_rule_text(text, file="f.yaml", plugins=PLUGINS)
         except RulesInvalid as invalid:
             lines = LINE_BREAK.split(text)
             for error in invalid.errors:

@@ -1,17 +1,27 @@
-"""Apply one partition's batch to Redis exactly once: sums, dedup memory and watermark together.
+"""Apply one window of a ledger partition to Redis exactly once: sums, dedup memory and
+watermark together, in one script call.
 
-Kafka transactions end at Kafka's edge, so exactly-once into Redis comes from here. One Lua
-script per batch checks that the partition's stored watermark is the one the worker last
-wrote (``expected``); only then does it check the batch's event ids against the dedup memory,
-add the sums and move the watermark, all in one atomic step. A replayed batch finds a newer
-watermark and changes nothing; a Redis that restarted and lost its last writes shows an older
-watermark, and the worker seeks back to it.
+Kafka transactions end at Kafka's edge, so exactly-once into Redis comes from here. The script
+checks that the partition's stored watermark is the one the worker expects; only then does it
+check the window's event digests against the dedup memory, and if none was counted before, it
+adds the sums, remembers the digests and moves the watermark, all in one atomic step. Every key
+it touches shares the partition's hash tag, so on a Redis Cluster it runs on one shard.
+
+Sums are decimal strings of any size: a running total past what 64-bit integers or Lua's
+doubles hold is added digit by digit, so no amount is ever refused for its size.
+
+The dedup memory of a partition is one table per hour of event time: integer sets (Redis keeps
+a set of up to 512 integers as a sorted array, 8 bytes a member) that split one at a time as
+the table grows (linear hashing), so each set stays small enough to stay compact whatever the
+rate. A table's keys are ``S:dd:H`` (its size: level ``l``, next set to split ``s``, events
+``n``) and ``S:dd:H:i`` (its sets); they live ``COSTLINE_DEDUP_HORIZON_S`` after their last
+write.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,54 +34,43 @@ from costline.connectors.redis_keys import (
     FirstsLogSize,
     Retention,
     bucket_key,
-    decoded,
     slots_key,
     wm_key,
 )
-from costline.rules.tally import COST, QUANTITY, WASTE_PREFIX, Tally
+from costline.rules.tally import Tally
 
 HISTORY_S = 86400
-# The most a bucket field may hold, in micro-units (Redis integers stop at 2^63 - 1; the script
-# compares in doubles, so it keeps some room for their rounding).
-SUM_LIMIT = 9_200_000_000_000_000_000
-# Integers Lua's doubles hold exactly; a larger delta travels as a decimal string.
+FAULTS_KEPT_S = 7 * 86400
+# Average members per dedup set before the table splits one more: sets not split yet in a
+# round hold up to twice that, which stays well under the 512 a compact set may hold.
+DEDUP_LOAD = 180
+# Integers Lua's doubles hold exactly; a larger amount travels as a decimal string.
 _LUA_EXACT = 2**53
 # Tag sets known to be in Redis, across all the partition slots a writer serves (~135 bytes
 # each, ~16 MiB in all): the budget is split evenly between the slots, and a slot over its
-# share is cleared. A budget per slot would grow with the partitions a worker owns (24 slots
-# of 50,000 would be ~155 MiB).
+# share is cleared.
 KNOWN_TAGSETS_MAX = 120_000
-FAULTS_KEPT_S = 7 * 86400
 
-# One argument, a msgpack array (decoded by Redis's own cmsgpack, so a batch of 50,000
-# events costs one string to send, not a million arguments to pack):
-#   1 expected watermark   2 new watermark   3 slot tag   4 dedup ttl
-#   5 ttl of 5-minute, 6 of hourly, 7 of daily buckets
-#   8 seen:    hour, {digest...}, hour, {...}, ...
-#   9 tagsets: id, canonical json, first slot, ...
-#  10 buckets: slot, its 5-minute, hourly and daily bucket keys, ...  (every slot in the cells)
-#  11 cells:   "<tagset id>:w:<fault>", slot, delta, ...  (an integer; a decimal string when
-#              beyond 2^53, which Lua's doubles and msgpack's conversion to them cannot hold)
-#  12 latest:  resource\tmetric, ts, json, ...
-#  13 history: resource\tmetric, trim below, {score, member, ...}, ...
-#  14 faults:  trim below, {score, member, ...}   (or empty)
-#  15 exact:   1 when the batch's amounts add up past 2^53: the script then leaves every
-#              addition to Redis's integers instead of summing in Lua's doubles
-#  16 limit:   the most a bucket field may hold (``SUM_LIMIT``)
-#  17 first-bucket log: {entries it keeps, tag sets they may name} (``FirstsLogSize``)
-#  18 usage:   "<tagset id>:u", slot, cost delta, quantity delta, ...  (as the cells' deltas)
-# Replies: {2} applied; {0, stored watermark}; {1, positions of counted digests};
-# {3, "<bucket key> <tag set id>:<measure>", its stored value, ... for each sum the batch would
-# take past the limit}.
-# Keys are built here from the slot tag: they all share it, so they live in the slot of
-# KEYS[1] on a Redis Cluster.
+# One argument, a msgpack array (decoded by Redis's own cmsgpack):
+#   1 expected watermark   2 new watermark (both decimal strings)   3 slot tag
+#   4 dedup ttl   5 dedup load (DEDUP_LOAD)
+#   6 dedup:   hour, {digest, ...}, ...            (digests as decimal strings)
+#   7 buckets: key, ttl, {field, gross, quantity, credits, ...}, {field, waste, ...}, ...
+#   8 tagsets: id, canonical json, first slot, ...
+#   9 first-bucket log: {entries it keeps, tag sets they may name} (``FirstsLogSize``)
+#  10 latest:  resource\tmetric, ts, json, ...
+#  11 history: resource\tmetric, trim below, {score, member, ...}, ...
+#  12 faults:  trim below, {score, member, ...}   (or empty)
+# Amounts are integers, or decimal strings from 2^53 on.
+# Replies: {2} applied; {0, stored watermark}; {1, positions of digests counted before}.
 _SCRIPT = """
 local a = cmsgpack.unpack(ARGV[1])
 local S = a[3]
-local cur = redis.call('GET', KEYS[1])
-if not cur then cur = '-1' end
-if cur ~= tostring(a[1]) then return {0, cur} end
--- 2,000 arguments a call: an even number, so field-value pairs are never split.
+local cur = redis.call('GET', KEYS[1]) or '-1'
+if cur ~= a[1] then return {0, cur} end
+local TTL, LOAD = a[4], a[5]
+-- 2,000 arguments a call (an even number: field-value pairs are never split); Lua's unpack
+-- takes fewer than 8,000.
 local function chunked(cmd, key, list, from, to)
   local out = {}
   local first = from
@@ -85,69 +84,84 @@ local function chunked(cmd, key, list, from, to)
   end
   return out
 end
--- The new value of each bucket field, worked out before anything is written: a script that
--- fails halfway keeps what it wrote (Redis has no rollback), so a sum that would pass what
--- Redis's 64-bit integers hold refuses the batch here, whole. One HMGET per 1,000 fields. Lua's
--- doubles add integers exactly below 2^53: a value that is or would become 10^15 or more is
--- left to HINCRBY (``big``), and only compared with the limit here, with room for the
--- doubles' rounding. A sum below 10^15 is handed to Redis as a Lua number, with no
--- string.format per field: Redis 7.0 and Valkey 9 write an integral number as that integer,
--- which a test checks on round sums.
-local LIMIT = tonumber(a[16])
-local EXACT = a[15] == 1
--- read before anything is written: a payload without them fails here, not halfway
-local LOG_ENTRIES, LOG_NAMED = tonumber(a[17][1]), tonumber(a[17][2])
--- The fields of ``sums`` (field → addition), what ``key`` holds in each (false: nothing) and
--- how many there are: one HMGET per 1,000 fields.
-local function stored(key, sums)
-  local names, n = {}, 0
-  for field in pairs(sums) do
-    n = n + 1
-    names[n] = field
-  end
-  local olds = {}
-  local first = 1
-  while first <= n do
-    local last = math.min(first + 999, n)
-    local got = redis.call('HMGET', key, unpack(names, first, last))
-    for j = first, last do olds[j] = got[j - first + 1] end
-    first = last + 1
-  end
-  return names, olds, n
+
+-- Dedup tables. A digest's selector is its top bits; set i of a table at level L with s sets
+-- split this round holds the digests whose selector is i mod 2^L (mod 2^(L+1) for i < s).
+local function selector(d) return math.floor(tonumber(d) / 2147483648) end
+local function set_of(t, u)
+  local i = u % 2 ^ t.L
+  if i < t.s then i = u % 2 ^ (t.L + 1) end
+  return i
 end
--- Returns the field-value pairs to HSET and the fields to leave to HINCRBY.
-local function plan(key, fields, over)
-  local out, big, o = {}, {}, 0
-  local names, olds, n = stored(key, fields)
-  for j = 1, n do
-    local name, was = names[j], olds[j]
-    local sum = fields[name]
-    if was then sum = sum + tonumber(was) end
-    if sum >= LIMIT or sum <= -LIMIT then
-      over[#over + 1] = key .. ' ' .. name
-      over[#over + 1] = was or '0'
-    elseif not EXACT and sum > -1e15 and sum < 1e15 and (not was or #was < 16) then
-      out[o + 1] = name
-      out[o + 2] = sum
-      o = o + 2
-    else
-      big[#big + 1] = name
+local function split(t)
+  local from = t.key .. ':' .. t.s
+  local members = redis.call('SMEMBERS', from)
+  local moving = {}
+  for i = 1, #members do
+    if selector(members[i]) % 2 ^ (t.L + 1) ~= t.s then moving[#moving + 1] = members[i] end
+  end
+  if #moving > 0 then
+    local to = t.key .. ':' .. (t.s + 2 ^ t.L)
+    chunked('SREM', from, moving, 1, #moving)
+    chunked('SADD', to, moving, 1, #moving)
+    redis.call('EXPIRE', to, TTL)
+  end
+  t.s = t.s + 1
+  if t.s == 2 ^ t.L then
+    t.L = t.L + 1
+    t.s = 0
+  end
+  t.changed = true
+end
+-- A table ready for ``incoming`` more digests: split ahead, so no set outgrows a compact one.
+local function table_of(key, incoming)
+  local m = redis.call('HMGET', key, 'l', 's', 'n')
+  local t = {key = key, L = tonumber(m[1]) or 0, s = tonumber(m[2]) or 0,
+             n = tonumber(m[3]) or 0, changed = false}
+  while t.n + incoming > LOAD * (2 ^ t.L + t.s) do split(t) end
+  return t
+end
+local function save(t)
+  redis.call('HSET', t.key, 'l', t.L, 's', t.s, 'n', t.n)
+  redis.call('EXPIRE', t.key, TTL)
+end
+
+local dd = a[6]
+local tables, dups, pos = {}, {}, 0
+for i = 1, #dd, 2 do
+  local digests = dd[i + 1]
+  local t = table_of(S .. ':dd:' .. dd[i], #digests)
+  local groups = {}  -- set → {digests, their positions}
+  for j = 1, #digests do
+    local at = set_of(t, selector(digests[j]))
+    local g = groups[at]
+    if not g then
+      g = {{}, {}}
+      groups[at] = g
+    end
+    g[1][#g[1] + 1] = digests[j]
+    g[2][#g[2] + 1] = pos + j - 1
+  end
+  for at, g in pairs(groups) do
+    local found = chunked('SMISMEMBER', t.key .. ':' .. at, g[1], 1, #g[1])
+    for k = 1, #found do
+      if found[k] == 1 then dups[#dups + 1] = g[2][k] end
     end
   end
-  return out, big
+  t.groups = groups
+  t.incoming = #digests
+  tables[#tables + 1] = t
+  pos = pos + #digests
 end
--- A usage field holds "<cost> <quantity>": hash fields read and written are most of the
--- script's time, and one field where there were two took Redis's CPU per event from 9.1-11.2
--- to 6.2-7.5 µs (bench/stages.py, docs/STATE.md).
--- The stored parts of a usage field, as numbers and as the strings they were read from.
-local function parts(was)
-  if not was then return 0, 0, '0', '0' end
-  local space = string.find(was, ' ', 1, true)
-  local c, q = string.sub(was, 1, space - 1), string.sub(was, space + 1)
-  return tonumber(c), tonumber(q), c, q
+if #dups > 0 then
+  for _, t in ipairs(tables) do
+    if t.changed then save(t) end
+  end
+  return {1, dups}
 end
--- Exact sum of two decimal strings of non-negative integers (amounts are never negative),
--- for sums past what doubles hold.
+-- From here on every write succeeds: the window is counted whole.
+
+-- Exact sum of two decimal strings of non-negative integers.
 local function dadd(x, y)
   local out, carry, i, j = {}, 0, #x, #y
   while i > 0 or j > 0 or carry > 0 do
@@ -161,143 +175,71 @@ local function dadd(x, y)
   local digits = string.reverse(table.concat(out))
   return string.match(digits, '^0*(%d-%d)$')
 end
-local function decimal(delta)
-  if type(delta) == 'number' then return string.format('%.0f', delta) end
-  return delta
+local function text(n)
+  if type(n) == 'number' then return string.format('%.0f', n) end
+  return n
 end
--- Whether a part of a usage field stays within the limit; if not, names it in ``over`` as
--- "<bucket key> <tag set id>:<measure>" with the stored value.
-local function within(key, field, measure, sum, stored_part, over)
-  if sum < LIMIT and sum > -LIMIT then return true end
-  over[#over + 1] = key .. ' ' .. string.sub(field, 1, -2) .. measure
-  over[#over + 1] = stored_part
-  return false
-end
--- As ``plan`` for a bucket's usage fields: the field-value pairs to HSET, and the fields whose
--- sums doubles may not hold ({field, stored cost, stored quantity}), added exactly later.
-local function plan_usage(key, costs, quantities, over)
-  local out, big, o = {}, {}, 0
-  local names, olds, n = stored(key, costs)
-  for j = 1, n do
-    local field = names[j]
-    local wc, wq, sc, sq = parts(olds[j])
-    local c, q = wc + costs[field], wq + quantities[field]
-    local fits_cost = within(key, field, 'c', c, sc, over)
-    local fits_quantity = within(key, field, 'q', q, sq, over)
-    if fits_cost and fits_quantity then
-      if not EXACT and c < 1e15 and q < 1e15 and c > -1e15 and q > -1e15 then
-        out[o + 1] = field
-        out[o + 2] = string.format('%.0f %.0f', c, q)
-        o = o + 2
-      else
-        big[#big + 1] = {field, sc, sq}
-      end
-    end
+-- A stored part (a decimal string, or false) plus an amount: doubles add integers exactly
+-- below 2^53, so only sums from 10^15 on are added digit by digit.
+local function plus(old, delta)
+  if not old then return text(delta) end
+  if type(delta) == 'number' and #old < 16 then
+    local sum = tonumber(old) + delta
+    if sum < 1e15 then return string.format('%.0f', sum) end
   end
-  return out, big
+  return dadd(old, text(delta))
 end
-local seen = a[8]
-local dups = {}
-local pos = 0
-for i = 1, #seen, 2 do
-  local digests = seen[i + 1]
-  local found = chunked('SMISMEMBER', S .. ':seen:' .. seen[i], digests, 1, #digests)
-  for j = 1, #found do
-    if found[j] == 1 then dups[#dups + 1] = pos + j - 1 end
-  end
-  pos = pos + #digests
+-- A usage field holds "<gross> <quantity>", or "<gross> <quantity> <credits>" once it has
+-- credits.
+local function parts(was)
+  if not was then return false, false, false end
+  local g, q, k = string.match(was, '^(%d+) (%d+) ?(%d*)$')
+  if k == '' then k = false end
+  return g, q, k
 end
-if #dups > 0 then return {1, dups} end
--- buckets: for each 5-minute slot in the batch, the sums of its three buckets (when the batch
--- is flagged ``exact`` these doubles are only estimates, for the limit check)
-local sums = {}
-local usums = {}  -- bucket key → {usage field → cost}, {usage field → quantity}
-local ttls = {}
-local tiers = {}
-local b_keys = {}
-local b = a[10]
+local b = a[7]
 for i = 1, #b, 4 do
-  local keys = {}
-  for t = 1, 3 do
-    local key = b[i + t]
-    if not sums[key] then
-      sums[key] = {}
-      usums[key] = {{}, {}}
-      ttls[key] = a[4 + t]
-    end
-    keys[t] = sums[key]
+  local key, usage, waste = b[i], b[i + 2], b[i + 3]
+  local names = {}
+  for j = 1, #usage, 4 do names[#names + 1] = usage[j] end
+  for j = 1, #waste, 2 do names[#names + 1] = waste[j] end
+  local olds = {}
+  local first = 1
+  while first <= #names do
+    local last = math.min(first + 999, #names)
+    local got = redis.call('HMGET', key, unpack(names, first, last))
+    for j = first, last do olds[j] = got[j - first + 1] end
+    first = last + 1
   end
-  tiers[b[i]] = keys
-  b_keys[b[i]] = {b[i + 1], b[i + 2], b[i + 3]}
-end
-local cells = a[11]
-for i = 1, #cells, 3 do
-  local keys = tiers[cells[i + 1]]
-  local field = cells[i]
-  local delta = tonumber(cells[i + 2])
-  local five, hour, day = keys[1], keys[2], keys[3]
-  five[field] = (five[field] or 0) + delta
-  hour[field] = (hour[field] or 0) + delta
-  day[field] = (day[field] or 0) + delta
-end
-local usage = a[18]
-for i = 1, #usage, 4 do
-  local keys = b_keys[usage[i + 1]]
-  local field = usage[i]
-  local c, q = tonumber(usage[i + 2]), tonumber(usage[i + 3])
-  for t = 1, 3 do
-    local costs, quantities = usums[keys[t]][1], usums[keys[t]][2]
-    costs[field] = (costs[field] or 0) + c
-    quantities[field] = (quantities[field] or 0) + q
+  local out, n = {}, 0
+  for j = 1, #usage, 4 do
+    n = n + 1
+    local g, q, k = parts(olds[n])
+    local value = plus(g, usage[j + 1]) .. ' ' .. plus(q, usage[j + 2])
+    if k or usage[j + 3] ~= 0 then value = value .. ' ' .. plus(k, usage[j + 3]) end
+    out[#out + 1] = usage[j]
+    out[#out + 1] = value
   end
-end
-local plans = {}
-local uplans = {}
-local over = {}
-for key, fields in pairs(sums) do
-  plans[key] = {plan(key, fields, over)}
-  uplans[key] = {plan_usage(key, usums[key][1], usums[key][2], over)}
-end
-if #over > 0 then return {3, over} end
--- From here on every write succeeds: the batch is counted whole.
--- Usage sums past what doubles hold: the batch's additions to them, exactly, as decimal
--- strings (in an ``exact`` batch, every usage field's).
-local function exact_usage()
-  local out = {}
-  for key, _ in pairs(usums) do out[key] = {} end
-  for i = 1, #usage, 4 do
-    local c, q = decimal(usage[i + 2]), decimal(usage[i + 3])
-    local field = usage[i]
-    for t = 1, 3 do
-      local per = out[b_keys[usage[i + 1]][t]]
-      local was = per[field]
-      if was then per[field] = {dadd(was[1], c), dadd(was[2], q)} else per[field] = {c, q} end
-    end
+  for j = 1, #waste, 2 do
+    n = n + 1
+    out[#out + 1] = waste[j]
+    out[#out + 1] = plus(olds[n], waste[j + 1])
   end
-  return out
-end
-local exact_adds = nil
-for key, plan_ in pairs(uplans) do
-  local out, big = plan_[1], plan_[2]
   chunked('HSET', key, out, 1, #out)
-  if #big > 0 and EXACT and not exact_adds then exact_adds = exact_usage() end
-  for j = 1, #big do
-    local field, sc, sq = big[j][1], big[j][2], big[j][3]
-    local c, q
-    if EXACT then
-      c, q = exact_adds[key][field][1], exact_adds[key][field][2]
-    else
-      c, q = decimal(usums[key][1][field]), decimal(usums[key][2][field])
-    end
-    redis.call('HSET', key, field, dadd(sc, c) .. ' ' .. dadd(sq, q))
+  redis.call('EXPIRE', key, b[i + 1])
+end
+
+for _, t in ipairs(tables) do
+  for at, g in pairs(t.groups) do
+    local key = t.key .. ':' .. at
+    chunked('SADD', key, g[1], 1, #g[1])
+    redis.call('EXPIRE', key, TTL)
   end
+  t.n = t.n + t.incoming
+  save(t)
 end
-for i = 1, #seen, 2 do
-  local key = S .. ':seen:' .. seen[i]
-  chunked('SADD', key, seen[i + 1], 1, #seen[i + 1])
-  redis.call('EXPIRE', key, a[4])
-end
-local tagsets = a[9]
+
+local tagsets = a[8]
 if #tagsets > 0 then
   -- a tag set's id is the digest of its JSON, so setting it again writes the same value
   local ids, pairs_, lowered = {}, {}, {}
@@ -323,18 +265,18 @@ if #tagsets > 0 then
     -- apply only the entries after the one they read last. The server's clock in
     -- microseconds: a Redis that lost writes and counts them again does not repeat a token
     -- it gave before (unless its clock went back).
+    local LOG_ENTRIES, LOG_NAMED = tonumber(a[9][1]), tonumber(a[9][2])
     local now = redis.call('TIME')
     local token = now[1] .. '.' .. now[2]
     redis.call('SET', firsts .. ':version', token)
     local n = redis.call('INCR', firsts .. ':count')
     local log = firsts .. ':log'
-    -- a batch that changes more than the log may name (a worker's first windows) is logged
-    -- as '*': read them all
+    -- a window that changes more than the log may name (a worker's first windows) is
+    -- logged as '*': read them all
     local named, changed = #lowered / 2, '*'
     if named <= LOG_NAMED then changed = table.concat(lowered, ' ') else named = 0 end
     redis.call('RPUSH', log, n .. ' ' .. token .. ' ' .. named .. ' ' .. changed)
-    -- the oldest entries go while the log is longer or names more than it may (this cannot
-    -- fail: an error here would leave the batch half written)
+    -- the oldest entries go while the log is longer or names more than it may
     local total = tonumber(redis.call('GET', log .. ':named') or '0') + named
     local len = redis.call('LLEN', log)
     while len > 1 and (len > LOG_ENTRIES or total > LOG_NAMED) do
@@ -348,26 +290,8 @@ if #tagsets > 0 then
     redis.call('SET', log .. ':named', math.max(total, 0))
   end
 end
-if EXACT then
-  -- amounts too large to add exactly in Lua's doubles: let Redis add each one. Amounts are
-  -- never negative (events and prices are not), so each running total stays below the one
-  -- the plan checked against the limit.
-  for i = 1, #cells, 3 do
-    for t = 1, 3 do
-      redis.call('HINCRBY', b_keys[cells[i + 1]][t], cells[i], cells[i + 2])
-    end
-  end
-else
-  for key, fields in pairs(sums) do
-    local out, big = plans[key][1], plans[key][2]
-    chunked('HSET', key, out, 1, #out)
-    for j = 1, #big do
-      redis.call('HINCRBY', key, big[j], string.format('%.0f', fields[big[j]]))
-    end
-  end
-end
-for key, _ in pairs(sums) do redis.call('EXPIRE', key, ttls[key]) end
-local latest = a[12]
+
+local latest = a[10]
 local util = S .. ':util'
 for i = 1, #latest, 3 do
   local old = redis.call('HGET', util, latest[i])
@@ -375,20 +299,20 @@ for i = 1, #latest, 3 do
     redis.call('HSET', util, latest[i], latest[i + 1] .. '|' .. latest[i + 2])
   end
 end
-local history = a[13]
+local history = a[11]
 for i = 1, #history, 3 do
   local key = S .. ':uh:' .. history[i]
   chunked('ZADD', key, history[i + 2], 1, #history[i + 2])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. history[i + 1])
   redis.call('EXPIRE', key, 172800)
 end
-local faults = a[14]
+local faults = a[12]
 if #faults > 0 then
   local key = S .. ':faults'
   chunked('ZADD', key, faults[2], 1, #faults[2])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. faults[1])
 end
-redis.call('SET', KEYS[1], tostring(a[2]))
+redis.call('SET', KEYS[1], a[2])
 return {2}
 """
 
@@ -400,28 +324,19 @@ class Applied:
 
 @dataclass(frozen=True)
 class Mismatch:
-    """The stored watermark is not the one this worker last wrote."""
+    """The stored watermark is not the one the worker expected."""
 
     stored: int
 
 
 @dataclass(frozen=True)
 class Duplicates:
-    """These digests were counted before; fold the batch again without them."""
+    """These digests were counted before; fold the window again without them."""
 
-    digests: frozenset[bytes]
-
-
-@dataclass(frozen=True)
-class Overflow:
-    """Nothing was written: these sums would pass ``SUM_LIMIT``. Each is named
-    "<bucket key> <tag set id>:<measure>" (``c``, ``q`` or ``w:<fault>``), with the value Redis
-    holds for it."""
-
-    stored: dict[str, int]
+    digests: frozenset[int]
 
 
-Outcome = Applied | Mismatch | Duplicates | Overflow
+Outcome = Applied | Mismatch | Duplicates
 
 
 class BatchWriter:
@@ -447,8 +362,7 @@ class BatchWriter:
         return sum(map(len, self._known.values()))
 
     def forget(self, slot: str) -> None:
-        """Drop what is known of a slot this writer no longer serves (its share goes to the
-        others)."""
+        """Drop what is known of a slot this writer no longer serves."""
         self._known.pop(slot, None)
 
     async def watermark(self, slot: str) -> int:
@@ -474,62 +388,100 @@ class BatchWriter:
         if code == 0:
             known.clear()  # Redis may have lost writes: assume it knows nothing
             return Mismatch(int(reply[1]))
-        if code == 3:
-            names, values = reply[1][::2], reply[1][1::2]
-            return Overflow({decoded(n): int(v) for n, v in zip(names, values, strict=True)})
         return Duplicates(frozenset(order[int(p)] for p in reply[1]))
 
-    def additions(self, slot: str, tally: Tally, names: Collection[str]) -> dict[str, int]:
-        """What ``tally`` adds to each of the sums ``names`` (as ``Overflow`` names them)."""
-        out: dict[str, int] = {}
-        for (tsid, five), measures in tally.sums.items():
-            for key in self._bucket_keys(slot, five):
-                for measure, delta in measures.items():
-                    name = f"{key} {tsid}:{measure}"
-                    if name in names:
-                        out[name] = out.get(name, 0) + delta
-        return out
-
     def payload(self, slot: str, expected: int, new_wm: int, tally: Tally,
-                tagsets: list[tuple[str, str, int]]) -> tuple[bytes, list[bytes]]:
+                tagsets: list[tuple[str, str, int]]) -> tuple[bytes, list[int]]:
         """The script's argument, and the digests in the order the script numbers them."""
-        seen, order = _seen(tally)
-        waste, usage = _cells(tally)
-        ret = self.retention
+        dedup, order = _dedup(tally)
         packed = msgpack.packb([
-            expected, new_wm, slot, self.dedup_ttl, ret.five_min, ret.hour, ret.day,
-            seen, [field for entry in tagsets for field in entry], self._buckets(slot, tally),
-            waste, _latest(tally), _history(tally), _faults(tally), _needs_exact(tally),
-            str(SUM_LIMIT), [self.firsts_log.entries, self.firsts_log.named], usage,
+            str(expected), str(new_wm), slot, self.dedup_ttl, DEDUP_LOAD, dedup,
+            self._buckets(slot, tally), [field for entry in tagsets for field in entry],
+            [self.firsts_log.entries, self.firsts_log.named], _latest(tally),
+            _history(tally), _faults(tally),
         ], use_bin_type=False)
         return packed, order
 
-    def _buckets(self, tag: str, tally: Tally) -> list[Any]:
+    def _buckets(self, slot: str, tally: Tally) -> list[Any]:
+        """Per bucket key: its time to live, its usage fields and its waste fields, each
+        the sum of the tally's 5-minute cells the bucket covers."""
+        usage: dict[str, dict[str, list[int]]] = {}
+        waste: dict[str, dict[str, int]] = {}
+        ttls: dict[str, int] = {}
+        keys = self._keys_of(slot, ttls)
+        for (tsid, five), cell in tally.usage.items():
+            field = tsid + USAGE
+            for key in keys(five):
+                fields = usage.get(key)
+                if fields is None:
+                    fields = usage[key] = {}
+                sums = fields.get(field)
+                if sums is None:
+                    fields[field] = [cell.gross, cell.quantity, cell.credits]
+                else:
+                    sums[0] += cell.gross
+                    sums[1] += cell.quantity
+                    sums[2] += cell.credits
+        for (tsid, five, fault), micro in tally.waste.items():
+            field = f"{tsid}:w:{fault}"
+            for key in keys(five):
+                fields_w = waste.setdefault(key, {})
+                fields_w[field] = fields_w.get(field, 0) + micro
         out: list[Any] = []
-        for slot in {slot for _, slot in tally.sums}:
-            out += [slot, *self._bucket_keys(tag, slot)]
+        for key, ttl in ttls.items():
+            out += [key, ttl, _usage_wire(usage.get(key, {})), _waste_wire(waste.get(key, {}))]
         return out
 
-    def _bucket_keys(self, tag: str, slot: int) -> tuple[str, str, str]:
-        """The 5-minute, hourly and daily buckets a 5-minute slot's sums are added to."""
-        return (bucket_key(tag, "5m", slot), bucket_key(tag, "1h", slot - slot % 3600),
-                bucket_key(tag, "1d", self.calendar.date_of(slot)))
+    def _keys_of(self, slot: str, ttls: dict[str, int]) -> Any:
+        """The 5-minute, hourly and daily bucket keys a 5-minute slot's sums are added to
+        (recording each key's time to live in ``ttls``)."""
+        found: dict[int, tuple[str, str, str]] = {}
+        ret = self.retention
+
+        def keys(five: int) -> tuple[str, str, str]:
+            got = found.get(five)
+            if got is None:
+                got = found[five] = (
+                    bucket_key(slot, "5m", five), bucket_key(slot, "1h", five - five % 3600),
+                    bucket_key(slot, "1d", self.calendar.date_of(five)))
+                ttls[got[0]], ttls[got[1]], ttls[got[2]] = ret.five_min, ret.hour, ret.day
+            return got
+        return keys
 
 
-def _seen(tally: Tally) -> tuple[list[Any], list[bytes]]:
+def _dedup(tally: Tally) -> tuple[list[Any], list[int]]:
     flat: list[Any] = []
-    order: list[bytes] = []
+    order: list[int] = []
     for hour, digests in tally.digests.items():
-        flat += [hour, digests]
+        flat += [hour, [str(d) for d in digests]]
         order += digests
     return flat, order
 
 
+def _wire(amount: int) -> int | str:
+    """An amount as the script takes it: a decimal string when Lua's doubles cannot hold it."""
+    return amount if amount < _LUA_EXACT else str(amount)
+
+
+def _usage_wire(fields: dict[str, list[int]]) -> list[Any]:
+    flat: list[Any] = []
+    for field, (gross, quantity, credits) in fields.items():
+        flat += [field, _wire(gross), _wire(quantity), _wire(credits)]
+    return flat
+
+
+def _waste_wire(fields: dict[str, int]) -> list[Any]:
+    flat: list[Any] = []
+    for field, micro in fields.items():
+        flat += [field, _wire(micro)]
+    return flat
+
+
 def _new_tagsets(tally: Tally, known: dict[str, int]) -> list[tuple[str, str, int]]:
     """(id, canonical json, oldest slot) of the tag sets Redis does not have yet, or has only
-    with a newer oldest slot than this batch's."""
+    with a newer oldest slot than this window's."""
     first: dict[str, int] = {}
-    for tsid, slot in tally.sums:
+    for tsid, slot in _cells(tally):
         if slot < first.get(tsid, slot + 1):
             first[tsid] = slot
     return [
@@ -539,31 +491,10 @@ def _new_tagsets(tally: Tally, known: dict[str, int]) -> list[tuple[str, str, in
     ]
 
 
-def _cells(tally: Tally) -> tuple[list[Any], list[Any]]:
-    """The script's waste cells and its usage cells (``USAGE`` fields: cost and quantity)."""
-    waste: list[Any] = []
-    usage: list[Any] = []
-    for (tsid, slot), measures in tally.sums.items():
-        cost, quantity = measures.get(COST), measures.get(QUANTITY)
-        if cost is not None or quantity is not None:
-            usage += [tsid + USAGE, slot, _wire(cost or 0), _wire(quantity or 0)]
-        if len(measures) == 2 and cost is not None and quantity is not None:
-            continue  # most cells: usage alone
-        for measure, delta in measures.items():
-            if measure.startswith(WASTE_PREFIX):
-                waste += [f"{tsid}:{measure}", slot, _wire(delta)]
-    return waste, usage
-
-
-def _wire(delta: int) -> int | str:
-    """A delta as the script takes it: a decimal string when Lua's doubles cannot hold it."""
-    return delta if -_LUA_EXACT < delta < _LUA_EXACT else str(delta)
-
-
-def _needs_exact(tally: Tally) -> int:
-    """1 when Lua's doubles could not add this batch's amounts exactly."""
-    total = sum(abs(d) for measures in tally.sums.values() for d in measures.values())
-    return 1 if total >= _LUA_EXACT else 0
+def _cells(tally: Tally) -> Iterator[tuple[str, int]]:
+    yield from tally.usage
+    for tsid, slot, _ in tally.waste:
+        yield tsid, slot
 
 
 def _latest(tally: Tally) -> list[Any]:
@@ -594,3 +525,4 @@ def _faults(tally: Tally) -> list[Any]:
     for ts, record in tally.faults:
         pairs += [repr(ts), record]
     return [repr(newest - FAULTS_KEPT_S), pairs]
+

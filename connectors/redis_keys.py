@@ -1,9 +1,10 @@
 """Where costline keeps its state in Redis, and the time buckets it sums into.
 
-Every key of one input partition shares the hash tag ``{NS:SRC:P}`` (``SRC`` is ``usage`` or
-``faults``), so a partition's batch, its offset watermark and its dedup memory live in one
-Redis Cluster slot and can be updated by one atomic script. Readers sum over the partitions
-listed in ``NS:slots``.
+Every key of one home partition of the ledger shares the hash tag ``{NS:ledger:P}``, so a
+partition's window, its offset watermark and its dedup memory live in one Redis Cluster slot
+and are updated by one atomic script. Readers sum over the slots listed in ``NS:slots``
+(which also lists the per-input-partition slots ``{NS:usage:P}`` and ``{NS:faults:P}`` of
+earlier versions, still read).
 
 The keys, their types and how long they live are listed in ``docs/STATE.md``.
 
@@ -52,7 +53,10 @@ def decoded(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def slot_tag(namespace: str, source: str, partition: int) -> str:
+LEDGER = "ledger"
+
+
+def slot_tag(namespace: str, partition: int, source: str = LEDGER) -> str:
     return f"{{{namespace}:{source}:{partition}}}"
 
 
@@ -92,8 +96,10 @@ def faults_key(slot: str) -> str:
     return f"{slot}:faults"
 
 
-def seen_key(slot: str, hour: int) -> str:
-    return f"{slot}:seen:{hour}"
+def dedup_key(slot: str, hour: int) -> str:
+    """The dedup table of an hour of event time: a hash of its size (``l``, ``s``) and of the
+    events counted in that hour (``n``); its sets are ``<this key>:<i>``."""
+    return f"{slot}:dd:{hour}"
 
 
 def util_key(slot: str) -> str:
@@ -108,11 +114,12 @@ def bucket_key(slot: str, size: str, label: str | int) -> str:
     return f"{slot}:b:{size}:{label}"
 
 
-# A bucket's usage field of a tag set, ``<tag set id>:u``, holds "<cost> <quantity>" in
-# micro-units; its waste fields are ``<tag set id>:w:<fault>``. (Buckets written before usage
+# A bucket's usage field of a tag set, ``<tag set id>:u``, holds "<gross> <quantity>" in
+# micro-units, or "<gross> <quantity> <credits>" once it has credits (net cost is gross −
+# credits); its waste fields are ``<tag set id>:w:<fault>``. (Buckets written before usage
 # fields existed hold ``<tag set id>:c`` and ``<tag set id>:q`` instead; readers add both.)
 USAGE = ":u"
-LEGACY_USAGE = {"cost": ":c", "quantity": ":q"}
+LEGACY_USAGE = {"cost": ":c", "gross": ":c", "quantity": ":q"}
 
 
 class Calendar:

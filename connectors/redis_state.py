@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from pydantic_core import from_json
@@ -29,19 +29,20 @@ from costline.connectors.redis_keys import (
     bucket_key,
     cover,
     decoded,
+    dedup_key,
     faults_key,
     first_count_key,
     first_log_key,
     first_seen_key,
     first_version_key,
     history_key,
-    seen_key,
     slots_key,
     tagsets_key,
     util_key,
 )
 from costline.rules.events import FaultEvent
 from costline.rules.state import (
+    USAGE_CHARGE,
     Dimensions,
     FaultRecord,
     Group,
@@ -51,18 +52,16 @@ from costline.rules.state import (
     matches,
 )
 
-_USAGE_PART: dict[str, int] = {"cost": 0, "quantity": 1}
+# A measure's amount in a usage field's parts, "<gross> <quantity> [<credits>]".
+_USAGE_AMOUNT: dict[str, Callable[[list[bytes]], int]] = {
+    "cost": lambda parts: int(parts[0]) - (int(parts[2]) if len(parts) > 2 else 0),
+    "gross": lambda parts: int(parts[0]),
+    "credits": lambda parts: int(parts[2]) if len(parts) > 2 else 0,
+    "quantity": lambda parts: int(parts[1]),
+}
 # Buckets read in one round trip: two days of hourly buckets. Their fields are held until
 # summed, so a month's hours are read in pieces.
 _BUCKETS_PER_READ = 48
-# SCARD of every key given (all of one slot's hash tag, so one call per slot in a cluster).
-_COUNT_MEMBERS = """
-local counts = {}
-for i, key in ipairs(KEYS) do counts[i] = redis.call('SCARD', key) end
-return counts
-"""
-
-
 # Where a slot's log of first-bucket changes stands, and its entries from the one numbered
 # ARGV[1] on (the newest alone for -1, all for 0): one atomic read, so that the token, the
 # count and the entries agree.
@@ -104,7 +103,6 @@ class RedisState:
         # Tag sets repeat a few keys, values and pairs: each kept only once, an evaluation of
         # the example rules over 100,000 tag sets peaks at 226–229 MiB instead of 365–368.
         self._shared: dict[Any, Any] = {}
-        self._count_members = redis.register_script(_COUNT_MEMBERS)
         self._firsts_log = redis.register_script(_FIRSTS_LOG)
 
     # -- catalogue ------------------------------------------------------------------
@@ -141,6 +139,8 @@ class RedisState:
     def _dimensions(self, plain: Mapping[str, str]) -> Dimensions:
         shared = self._shared
         pairs = []
+        if "charge" not in plain:  # stored only for money other than metered usage
+            plain = {**plain, "charge": USAGE_CHARGE}
         for pair in plain.items():
             found = shared.get(pair)
             if found is None:  # a new pair: its key and its value may still be known
@@ -238,13 +238,14 @@ class RedisState:
     def hour_marks(self, hours: Sequence[int]) -> dict[int, int]:
         """Events counted per hour of event time, from the dedup memory (``HourMarks``): a
         late event moves the mark of its hour. A month of hours is asked several times a
-        second, so each slot counts its hours in one script call."""
+        second, so each slot's hours are read in one round trip."""
         marks = dict.fromkeys(hours, 0)
         for slot in self.slots():
-            keys = [seen_key(slot, hour) for hour in hours]
-            counts: list[int] = self._count_members(keys=keys)
-            for hour, count in zip(hours, counts, strict=True):
-                marks[hour] += int(count)
+            pipe = self.redis.pipeline(transaction=False)
+            for hour in hours:
+                pipe.hget(dedup_key(slot, hour), "n")
+            for hour, count in zip(hours, pipe.execute(), strict=True):
+                marks[hour] += int(count or 0)
         return marks
 
     def short_lived_parts(self, start: float, end: float, now: float) -> list[str]:
@@ -422,13 +423,16 @@ def _sum_fields(fields: Mapping[bytes, bytes] | Mapping[str, str], measure: Meas
                 name = f"{tsid}\t{fault}"
                 sums[name] = sums.get(name, 0) + int(value)
         return
-    part = _USAGE_PART[measure]  # of "<cost> <quantity>"
-    usage, old = USAGE.encode(), LEGACY_USAGE[measure].encode()
+    amount_of = _USAGE_AMOUNT[measure]
+    usage = USAGE.encode()
+    legacy = LEGACY_USAGE.get(measure)
+    old = legacy.encode() if legacy else None
     for field, value in fields.items():
         raw = field if isinstance(field, bytes) else field.encode()
         if raw.endswith(usage):
-            tsid, amount = raw[:-len(usage)].decode(), int(value.split()[part])
-        elif raw.endswith(old):
+            parts = value.split() if isinstance(value, bytes) else value.encode().split()
+            tsid, amount = raw[:-len(usage)].decode(), amount_of(parts)
+        elif old is not None and raw.endswith(old):
             tsid, amount = raw[:-len(old)].decode(), int(value)
         else:
             continue  # waste: not decoded

@@ -20,7 +20,7 @@ from html import escape
 from zoneinfo import ZoneInfo
 
 from costline.rules.durations import rfc3339
-from costline.rules.money import figure_in, money_micro, unit_of_kind
+from costline.rules.money import figure_in, money_micro
 
 TOP_SPENDERS = 10
 """Bars per top-spender chart; the rest is summed into one table row."""
@@ -136,7 +136,8 @@ class ActiveAlert:
     value: Decimal | None
     threshold: Decimal | None
     line: str
-    unit: str = ""
+    unit: str = "currency"
+    """What ``value`` and ``threshold`` measure (``currency``, ``fraction``, ``gb_hour``…)."""
     muted: str = ""
     """``silenced until …`` or ``muted by a fault until …`` when notifications are held."""
 
@@ -254,7 +255,7 @@ def _alert_state(alert: ActiveAlert) -> str:
 def _alert_figure(alert: ActiveAlert, amount: Decimal | None, currency: str) -> str:
     if amount is None:
         return ""
-    return figure_in(amount, alert.unit or unit_of_kind(alert.kind), currency)
+    return figure_in(amount, alert.unit or "currency", currency)
 
 
 # ── (1) budgets ───────────────────────────────────────────────────────────────────────────

@@ -8,9 +8,10 @@ Layout choices follow what a platform engineer reads on a phone: short lines, on
 line, no tables. ``text`` is what push notifications and screen readers show, so it alone
 names the rule, the group, the figure and the line it crossed.
 
-How a figure is shown depends on the kind (the record carries no unit unless it has
-``unit``): ``budget``, ``growth`` and ``fault_waste`` figures are money, ``log_explosion`` is
-money per hour, ``idle`` is a utilization fraction shown as a percentage.
+How an alert reads depends on its kind, and comes from the registered kind itself
+(``KINDS[kind].presentation``): the unit of its figures when the record names none (money,
+money per hour, a utilization fraction shown as a percentage), the words of its headline, and
+whether its figure fills a bar toward the budget line. A new kind needs no edit here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
-from costline.rules.money import figure_in, money, percent, unit_of_kind
+from costline.rules.kinds import KINDS, Presentation
+from costline.rules.money import figure_in, money, percent
 
 Block = dict[str, Any]
 
@@ -34,7 +36,6 @@ APPROVE_ACTION = "costline.approve"
 DIGEST_MENU_ACTION = "costline.menu"
 
 STATES = ("pending", "firing", "resolved", "silenced")
-KINDS = ("budget", "growth", "idle", "log_explosion", "fault_waste")
 SEVERITY_EMOJI = {"info": ":information_source:", "warning": ":warning:",
                   "critical": ":rotating_light:"}
 STATE_EMOJI = {"resolved": ":white_check_mark:", "silenced": ":no_bell:",
@@ -141,6 +142,11 @@ class AlertChange:
         return f"{self.state}|{self.line or '-'}|{self.at.isoformat()}"
 
     @property
+    def presentation(self) -> Presentation:
+        """How alerts of this kind read, as the registered kind says."""
+        return KINDS[self.kind].presentation
+
+    @property
     def is_open(self) -> bool:
         """Pending and firing alerts still invite action; resolved and silenced ones do not."""
         return self.state in ("pending", "firing")
@@ -152,7 +158,7 @@ def _parse(record: Mapping[str, Any]) -> AlertChange:
         raise ValueError(f"unknown state {state!r}")
     kind = str(record["kind"])
     if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}")
+        raise ValueError(KINDS.unknown(kind))
     notify = record.get("notify") or {}
     period = record.get("period") or {}
     forecast = record.get("forecast")
@@ -227,8 +233,13 @@ def _reclaim(raw: Any) -> Reclaim | None:
 # ── formatting ────────────────────────────────────────────────────────────────────────────
 
 
+MONEY_OR_SHARE = ("currency", "currency_per_hour", "fraction")
+"""Units whose alerts' rate per hour is money: spend, a spend rate, or an idle resource's cost
+while its utilization (a share) is the figure."""
+
+
 def unit_of(change: AlertChange) -> str:
-    return change.unit or unit_of_kind(change.kind)
+    return change.unit or change.presentation.unit
 
 
 def figure(change: AlertChange, amount: Decimal) -> str:
@@ -299,13 +310,8 @@ def headline(change: AlertChange) -> str:
         if change.state == "resolved":
             return f"{value}, forecast back under {name}{against}"
         return f"{value}, forecast {figure(change, change.forecast.value)} crosses {name}{against}"
-    if change.state == "resolved" and change.kind == "idle":
-        return f"{value} utilization, back over {line}{against}"
-    if change.state == "resolved":
-        return f"{value}, back within {line}{against}"
-    if change.kind == "idle":
-        return f"{value} utilization is under {line}{against}"
-    return f"{value} crossed {line}{against}"
+    words = change.presentation.back if change.state == "resolved" else change.presentation.crossed
+    return words.format(value=value, line=line) + against
 
 
 def state_tag(change: AlertChange) -> str:
@@ -355,7 +361,7 @@ def _limit_line(change: AlertChange) -> Line | None:
 def _figure_section(change: AlertChange) -> Block:
     parts = [f"*{headline(change)}*"]
     limit = _limit_line(change)
-    if change.kind in ("budget", "fault_waste") and limit is not None and limit.value > 0:
+    if change.presentation.bar and limit is not None and limit.value > 0:
         parts.append(f"`{usage_bar(change.value / limit.value)}` of {limit.name} "
                      f"{figure(change, limit.value)}")
     for line in change.lines if len(change.lines) > 1 else ():
@@ -369,8 +375,8 @@ def _trend_section(change: AlertChange) -> Block | None:
     parts = []
     if change.rate_per_hour is not None:
         unit = unit_of(change)
-        if change.kind == "growth" and not unit.startswith("currency"):
-            # a growth rule on quantity (GB-hours of checkpoints): its rate is no money
+        if unit not in MONEY_OR_SHARE:
+            # figures in a price book unit (GB-hours of checkpoints): so is their rate
             rate = figure_in(change.rate_per_hour, unit, change.currency)
             parts.append(f":chart_with_upwards_trend: Rate *{rate}/h*")
         else:
@@ -420,7 +426,7 @@ def _waste_section(change: AlertChange) -> Block | None:
         return None
     total = sum(change.faults.values(), Decimal(0))
     title = f"*Waste* {money(total, change.currency)}"
-    if change.kind == "budget" and change.value > 0:
+    if change.presentation.spend and change.value > 0:
         title += f" ({percent(total / change.value)} of spend)"
     rows = [title]
     for fault, amount in sorted(change.faults.items(), key=lambda x: -x[1]):

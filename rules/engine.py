@@ -23,6 +23,7 @@ from costline.rules.inhibit import FAULT_LOOKBACK_S, inhibition_for
 from costline.rules.kept_answers import KeptAnswers
 from costline.rules.kinds import Rule
 from costline.rules.loader import RuleSet, load_rules
+from costline.rules.plugins import NO_PLUGINS, Plugins
 from costline.rules.prices import PriceBook, format_micro
 from costline.rules.silences import Silence, silence_for
 from costline.rules.state import FaultHistory, FaultRecord, StateView
@@ -75,8 +76,15 @@ class Engine:
         return cls(rules, prices.currency, units)
 
     @classmethod
-    def load(cls, paths: Iterable[Path | str], prices: PriceBook, timezone: str = "UTC") -> Engine:
-        return cls.for_prices(load_rules(paths, timezone), prices)
+    def load(
+        cls,
+        paths: Iterable[Path | str],
+        prices: PriceBook,
+        timezone: str = "UTC",
+        *,
+        plugins: Plugins = NO_PLUGINS,
+    ) -> Engine:
+        return cls.for_prices(load_rules(paths, timezone, plugins=plugins), prices)
 
     def findings(
         self,

@@ -45,6 +45,23 @@ class Category(StrEnum):
     other = "other"
 
 
+class ChargeKind(StrEnum):
+    """What a usage event's money is (FOCUS calls it the charge category). Metered usage,
+    purchases and taxes are never negative; credits, refunds and adjustments (a reversal, a
+    correction) may be: a bill holds them, and spend must equal the bill."""
+
+    usage = "usage"
+    purchase = "purchase"
+    tax = "tax"
+    credit = "credit"
+    refund = "refund"
+    adjustment = "adjustment"
+
+
+# The charges whose ``cost`` may be negative.
+SIGNED_CHARGES = frozenset({ChargeKind.credit, ChargeKind.refund, ChargeKind.adjustment})
+
+
 class FaultType(StrEnum):
     node_failure = "node_failure"
     silent_data_corruption = "silent_data_corruption"
@@ -63,6 +80,7 @@ ResourceId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 ResourceType = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 # RFC 3339 with an offset, or Unix seconds as a JSON number. Kept as sent (so a round trip is
 # exact) and converted by ``unix_ts``: the pattern is checked in pydantic's core, while a
 # Python validator here would halve the parser's throughput. (A plain ``datetime`` field would
@@ -105,15 +123,20 @@ class _Event(BaseModel):
 
 
 class UsageEvent(_Event):
-    """Something was consumed and costs money."""
+    """Something was consumed and costs money, or money moved on the bill for it.
+
+    ``cost`` overrides the price book; it may be negative only for a ``charge`` that is a
+    credit, a refund or an adjustment (the price book refuses a negative metered usage).
+    """
 
     kind: Literal["usage"]
     resource_id: ResourceId
     resource_type: ResourceType
     quantity: NonNegative
     unit: Name
-    cost: NonNegative | None = None
+    cost: Finite | None = None
     category: Category | None = None
+    charge: ChargeKind = ChargeKind.usage
 
 
 class UtilizationEvent(_Event):

@@ -3,7 +3,9 @@
 A rule set is all-or-nothing: the worker never runs half of a reload, so the loader reads
 every file, collects every problem, and only then decides. Dispatch on ``kind`` goes through
 the ``KINDS`` registry, and ``rules_json_schema`` is generated from the same registry, so an
-editor's schema cannot drift from what the loader accepts.
+editor's schema cannot drift from what the loader accepts. Both are given the plug-ins rule
+files may name beyond the kinds (``rules/plugins.py``: the reclaim connectors), never left to
+find them by what happens to be imported.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.json_schema import models_json_schema
 
 from costline.rules.kinds import KINDS, Rule
+from costline.rules.kinds.idle import reclaim_json_schema
+from costline.rules.plugins import CONTEXT_KEY, NO_PLUGINS, Plugins
 from costline.rules.yaml_source import Document, SourceError, SourceInvalid, load_document
 
 RULE_SUFFIXES = (".yaml", ".yml")
@@ -83,10 +87,13 @@ def rule_files(paths: Iterable[Path | str]) -> list[Path]:
     return found
 
 
-def load_rules(paths: Iterable[Path | str], timezone: str = "UTC") -> RuleSet:
+def load_rules(
+    paths: Iterable[Path | str], timezone: str = "UTC", *, plugins: Plugins = NO_PLUGINS
+) -> RuleSet:
     """Load and validate every rule of every file; raise ``RulesInvalid`` with all problems.
 
-    ``timezone`` is the configured default zone of calendar periods.
+    ``timezone`` is the configured default zone of calendar periods; ``plugins`` are the
+    connectors ``reclaim:`` may name (none: a rule with ``reclaim`` is refused).
     """
     loaded: list[LoadedRule] = []
     errors: list[SourceError] = []
@@ -96,7 +103,7 @@ def load_rules(paths: Iterable[Path | str], timezone: str = "UTC") -> RuleSet:
         except SourceInvalid as exc:
             errors.extend(exc.errors)
             continue
-        file_rules, file_errors = _rules_of(document, timezone)
+        file_rules, file_errors = _rules_of(document, timezone, plugins)
         loaded.extend(file_rules)
         errors.extend(file_errors)
     errors.extend(_duplicate_names(loaded))
@@ -105,20 +112,24 @@ def load_rules(paths: Iterable[Path | str], timezone: str = "UTC") -> RuleSet:
     return RuleSet(tuple(item.rule for item in loaded), tuple(loaded))
 
 
-def load_rule_text(text: str, timezone: str = "UTC", file: str = "<rules>") -> RuleSet:
+def load_rule_text(
+    text: str, timezone: str = "UTC", file: str = "<rules>", *, plugins: Plugins = NO_PLUGINS
+) -> RuleSet:
     """Load a rule file given as text (docstring examples, tests)."""
     try:
         document = load_document(file, text)
     except SourceInvalid as exc:
         raise RulesInvalid(exc.errors) from exc
-    loaded, errors = _rules_of(document, timezone)
+    loaded, errors = _rules_of(document, timezone, plugins)
     errors.extend(_duplicate_names(loaded))
     if errors:
         raise RulesInvalid(errors)
     return RuleSet(tuple(item.rule for item in loaded), tuple(loaded))
 
 
-def _rules_of(document: Document, timezone: str) -> tuple[list[LoadedRule], list[SourceError]]:
+def _rules_of(
+    document: Document, timezone: str, plugins: Plugins
+) -> tuple[list[LoadedRule], list[SourceError]]:
     try:
         items = _RuleFile.model_validate(_top_level(document)).rules
     except ValidationError as exc:
@@ -126,7 +137,7 @@ def _rules_of(document: Document, timezone: str) -> tuple[list[LoadedRule], list
     loaded, errors = [], []
     for index, item in enumerate(items):
         try:
-            rule = _rule_of(document, index, item, timezone)
+            rule = _rule_of(document, index, item, {"timezone": timezone, CONTEXT_KEY: plugins})
         except ValidationError as exc:
             errors.extend(document.errors_from(exc, ("rules", index)))
         except _KindUnknown as exc:
@@ -148,7 +159,9 @@ class _KindUnknown(Exception):
         self.error = error
 
 
-def _rule_of(document: Document, index: int, item: dict[str, Any], timezone: str) -> Rule:
+def _rule_of(
+    document: Document, index: int, item: dict[str, Any], context: dict[str, Any]
+) -> Rule:
     name = item.get("kind")
     model = KINDS.get(name) if isinstance(name, str) else None
     if model is None:
@@ -156,10 +169,9 @@ def _rule_of(document: Document, index: int, item: dict[str, Any], timezone: str
         loc: tuple[int | str, ...] = ("rules", index, "kind") if has_kind else ("rules", index)
         line, col = document.position(loc)
         field = f"rules.{index}.kind"
-        known = ", ".join(sorted(KINDS))
-        message = f"unknown kind {name!r} (known: {known})" if has_kind else "kind is missing"
+        message = KINDS.unknown(name) if has_kind else "kind is missing"
         raise _KindUnknown(SourceError(document.file, line, col, f"{field}: {message}"))
-    return model.model_validate(item, context={"timezone": timezone})
+    return model.model_validate(item, context=context)
 
 
 def _duplicate_names(loaded: Sequence[LoadedRule]) -> list[SourceError]:
@@ -181,15 +193,18 @@ def _duplicate_names(loaded: Sequence[LoadedRule]) -> list[SourceError]:
     return errors
 
 
-def rules_json_schema() -> dict[str, Any]:
-    """The JSON Schema of a rule file: ``rules`` items are ``oneOf`` the registered kinds."""
-    models = sorted(KINDS.items())
+def rules_json_schema(plugins: Plugins = NO_PLUGINS) -> dict[str, Any]:
+    """The JSON Schema of a rule file: ``rules`` items are ``oneOf`` the registered kinds, and
+    ``reclaim`` is ``oneOf`` the connectors in ``plugins``."""
+    models = list(KINDS.items())
     _, top = models_json_schema(
         [(model, "validation") for _, model in models],
         by_alias=True,
         ref_template="#/$defs/{model}",
     )
     defs = top.get("$defs", {})
+    if "Reclaim" in defs:
+        defs["Reclaim"] = reclaim_json_schema(plugins.reclaimers)
     refs = {name: {"$ref": f"#/$defs/{model.__name__}"} for name, model in models}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -199,6 +214,7 @@ def rules_json_schema() -> dict[str, Any]:
         "properties": {
             "rules": {
                 "type": "array",
+                "description": "the rules of this file; names are unique across all files",
                 "items": {
                     "oneOf": list(refs.values()),
                     "discriminator": {

@@ -72,7 +72,8 @@ class InMemoryState:
     def __init__(self, prices: PriceBook) -> None:
         self.prices = prices
         self._seen: set[str] = set()
-        self._sums: dict[Measure, _Sums] = {m: _Sums() for m in ("cost", "quantity", "waste")}
+        self._sums: dict[Measure, _Sums] = {
+            m: _Sums() for m in ("cost", "gross", "credits", "quantity", "waste")}
         self._series: dict[tuple[str, str], _Series] = {}
         self._faults: list[FaultRecord] = []
 
@@ -99,10 +100,12 @@ class InMemoryState:
 
     def _add_usage(self, event: UsageEvent) -> None:
         charge = self.prices.charge(event)
-        dims = dimensions_of(event.tags, event.resource_type, charge.category, charge.billing)
-        key = _key(dims)
-        self._sums["cost"].add(event.unix_ts, key, charge.cost_micro)
-        self._sums["quantity"].add(event.unix_ts, key, to_micro(exact(event.quantity)))
+        dims = dimensions_of(event.tags, event.resource_type, charge.category, charge.billing,
+                             charge.charge.value)
+        key, ts, cost = _key(dims), event.unix_ts, charge.cost_micro
+        self._sums["cost"].add(ts, key, cost)
+        self._sums["gross" if cost >= 0 else "credits"].add(ts, key, abs(cost))
+        self._sums["quantity"].add(ts, key, to_micro(exact(event.quantity)))
 
     def _add_fault(self, event: FaultEvent) -> None:
         waste = self.prices.waste(event)

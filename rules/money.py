@@ -45,11 +45,6 @@ def percent(fraction: Decimal) -> str:
     return f"{(fraction * 100).quantize(Decimal('1'), rounding=ROUND_HALF_UP)}%"
 
 
-def unit_of_kind(kind: str) -> str:
-    """What a rule kind's figures measure when an alert record does not say (``unit``)."""
-    return {"idle": "fraction", "log_explosion": "currency_per_hour"}.get(kind, "currency")
-
-
 def figure_in(amount: Decimal, unit: str, currency: str) -> str:
     """An amount in its unit: money, money per hour, a utilization fraction as a percentage,
     or a price book unit (``gb_hour``)."""

@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from costline.rules.events import Category, FaultEvent, UsageEvent
+from costline.rules.events import SIGNED_CHARGES, Category, ChargeKind, FaultEvent, UsageEvent
 from costline.rules.yaml_source import SourceInvalid, load_document
 
 MICRO = 1_000_000
@@ -116,12 +116,14 @@ class PricingError(ValueError):
 
 @dataclass(slots=True)  # not frozen: one is built per event, and frozen ones build slowly
 class Charge:
-    """The priced view of a usage event: its cost and its quantity, in micro-units."""
+    """The priced view of a usage event: its cost (negative for a credit, a refund or a
+    downward adjustment) and its quantity, in micro-units."""
 
     cost_micro: int
     quantity_micro: int
     category: Category
     billing: Billing
+    charge: ChargeKind = ChargeKind.usage
 
 
 class PriceBook:
@@ -171,12 +173,19 @@ class PriceBook:
         if stated is None:
             cost = product_micro(event.quantity, exact_micro, float_micro)
         else:
+            if stated < 0 and event.charge not in SIGNED_CHARGES:
+                raise PricingError(
+                    "negative_cost",
+                    f"field cost: {stated!r} is negative, but charge is {event.charge.value}: "
+                    f"only a credit, a refund or an adjustment may be negative",
+                )
             cost = product_micro(stated, _MICRO_D, 1e6)
         # One comparison on the hot path; which field overflowed is worked out only then.
-        if cost > MAX_EVENT_MICRO or quantity > MAX_EVENT_MICRO:
+        if abs(cost) > MAX_EVENT_MICRO or quantity > MAX_EVENT_MICRO:
             _bounded("quantity", quantity)
-            _bounded("quantity" if stated is None else "cost", cost)
-        return Charge(cost, quantity, event.category or price.category, price.billing)
+            _bounded("quantity" if stated is None else "cost", abs(cost))
+        return Charge(cost, quantity, event.category or price.category, price.billing,
+                      event.charge)
 
     def waste(self, event: FaultEvent) -> int:
         """units × (lost_seconds + recovery_seconds) / 3600 × hourly price, in micro-units."""

@@ -19,57 +19,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
-
-from costline.rules.durations import TimeZoneName, format_duration, rfc3339
+from costline.rules.durations import format_duration, rfc3339
 from costline.rules.findings import ReclaimRequest
-from costline.rules.kinds.idle import ConnectorParams, IdleRule
+from costline.rules.kinds.idle import IdleRule
 from costline.rules.prices import PriceBook, exact, format_micro, to_micro
+from costline.rules.reclaim_params import DEFAULT_MAX_PER_HOUR, DEFAULT_MAX_PERCENT, Approval
 from costline.rules.state import ResourceSamples
 
 Step = Literal["planned", "warned", "executed", "skipped", "failed"]
 PlanState = Literal["planned", "warned", "executing", "closed"]
-Approval = Literal["auto", "manual"]
 Mode = Literal["live", "dry_run"]
 
-DEFAULT_MAX_PER_HOUR = 20
-DEFAULT_MAX_PERCENT = 100.0
 BUSINESS_DAY_STARTS = time(9, 0)
 UNITS_TAG = "units"
 HOUR_S = 3600
-
-
-class ReclaimParams(ConnectorParams):
-    """The keys every connector takes besides its own: approval, caps and the saving's zone.
-
-    Optional keys that are not written stay out of the request's parameters, so an alert
-    shows what the rule file says.
-    """
-
-    approval: Approval | None = Field(
-        None, description="manual: act only after someone presses Approve (default auto)"
-    )
-    max_per_hour: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
-        None,
-        description=f"most releases by this rule in any hour (default {DEFAULT_MAX_PER_HOUR})",
-    )
-    max_percent: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)] | None = Field(
-        None,
-        description="most releases in one evaluation, as a percentage of the resources the "
-        f"rule matches (default {DEFAULT_MAX_PERCENT:g})",
-    )
-    timezone: TimeZoneName | None = Field(
-        None, description="zone of the business day the saving is counted to (default "
-        "COSTLINE_TIMEZONE)"
-    )
-
-    @model_serializer(mode="wrap")
-    def _written_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dumped: dict[str, Any] = handler(self)
-        return {key: value for key, value in dumped.items() if value is not None}
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from costline.rules.engine import Engine
 from costline.rules.events import AnyEvent, Event
 from costline.rules.loader import RuleSet, load_rules
 from costline.rules.memory_state import InMemoryState
+from costline.rules.plugins import NO_PLUGINS, Plugins
 from costline.rules.prices import PriceBook, PricingError
 from costline.rules.silences import Silence
 from costline.rules.state import BUCKET_S, align_down
@@ -184,10 +185,13 @@ class RuleTestReport:
         return all(outcome.passed for outcome in self.outcomes)
 
 
-def run_rule_tests(path: Path | str, prices: Path | str, timezone: str = "UTC") -> RuleTestReport:
+def run_rule_tests(
+    path: Path | str, prices: Path | str, timezone: str = "UTC", *, plugins: Plugins = NO_PLUGINS
+) -> RuleTestReport:
     """Run every test of a test file; raise ``SourceInvalid`` if the file or its rules are bad.
 
-    ``prices`` and ``timezone`` are the configured defaults, used unless the file sets them.
+    ``prices`` and ``timezone`` are the configured defaults, used unless the file sets them;
+    ``plugins`` are what the rules may name beyond their kinds (``rules/plugins.py``).
     """
     document = load_document(path)
     try:
@@ -197,7 +201,7 @@ def run_rule_tests(path: Path | str, prices: Path | str, timezone: str = "UTC") 
     base = Path(path).parent
     zone = spec.timezone or timezone
     book = PriceBook.load(base / spec.prices if spec.prices else prices)
-    rules = load_rules([base / name for name in spec.rule_files], zone)
+    rules = load_rules([base / name for name in spec.rule_files], zone, plugins=plugins)
     cases = [_events_of(document, index, case) for index, case in enumerate(spec.tests)]
     outcomes = [
         _run_case(case, events, rules, book) for case, events in zip(spec.tests, cases, strict=True)

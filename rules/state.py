@@ -7,14 +7,17 @@ rule test prove what production will do.
 Vocabulary shared by both stores:
 
 * **dimensions** of a counted event: its tags, plus the pseudo-tags ``category``,
-  ``resource_type`` and ``billing`` (they win over a tag of the same name); waste also has
-  ``fault`` (the fault type).
+  ``resource_type``, ``billing`` and ``charge`` (they win over a tag of the same name); waste
+  also has ``fault`` (the fault type), and its ``charge`` is ``usage``.
 * **match**: dimension → ``fnmatch`` glob, case-sensitive. A dimension an event lacks reads as
   ``""``, so ``team: "*"`` also matches untagged spend; write ``team: "?*"`` for "has a team".
 * **group**: the values of the ``group_by`` dimensions in that order, ``""`` when absent.
 * **[start, end)**: Unix seconds. A store answers per 5-minute bucket (coarser for old data):
   a bucket counts when it overlaps the interval, so callers align to ``BUCKET_S``.
-* **amounts**: integer micro-units; ``quantity`` is ``round(quantity * 1e6)``.
+* **amounts**: integer micro-units; ``quantity`` is ``round(quantity * 1e6)``. Money has three
+  measures: ``gross`` sums the positive charges, ``credits`` the negative ones (as a positive
+  amount: credits, refunds, downward adjustments), and ``cost`` is the net, gross − credits:
+  what the bill says.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal, Protocol, runtime_checkable
 
-Measure = Literal["cost", "quantity", "waste"]
+Measure = Literal["cost", "gross", "credits", "quantity", "waste"]
 Group = tuple[str, ...]
 Dimensions = tuple[tuple[str, str], ...]
 
 BUCKET_S = 300
-PSEUDO_TAGS = ("category", "resource_type", "billing")
+PSEUDO_TAGS = ("category", "resource_type", "billing", "charge")
+# The charge of spend whose tag set does not name one (metered usage, and all waste).
+USAGE_CHARGE = "usage"
 WASTE_ONLY_DIMENSIONS = ("fault",)
 
 
@@ -210,7 +215,8 @@ def align_down(ts: float, step: int = BUCKET_S) -> int:
 
 
 def dimensions_of(
-    tags: Mapping[str, str], resource_type: str, category: str | None, billing: str | None
+    tags: Mapping[str, str], resource_type: str, category: str | None, billing: str | None,
+    charge: str = USAGE_CHARGE,
 ) -> dict[str, str]:
     """Tags plus pseudo-tags; the pseudo-tags win over a tag of the same name."""
     dims = dict(tags)
@@ -219,6 +225,7 @@ def dimensions_of(
         dims["category"] = category
     if billing is not None:
         dims["billing"] = billing
+    dims["charge"] = charge
     return dims
 
 

@@ -1,9 +1,11 @@
 """Reclamation connectors: one file per target, each registered by name with its parameters.
 
-A connector is one decorated class: ``@reclaimer("slurm")`` puts it in ``RECLAIMERS`` and its
-parameter model in the rule kinds' connector registry, so ``reclaim: {connector: ...}`` in a
-rule file is checked against what can actually run: an unknown connector or parameter is a
-rule-file error at load time. Import this package before loading rules.
+A connector is one file in this folder: its parameter model (a ``ReclaimParams``) and one
+decorated class, ``@reclaimer("slurm")``, that carries the model and a docstring with a YAML
+example. ``RECLAIMERS.discover`` imports every module here, so the registry is complete once
+this package is imported. The loader is given it (``costline.connectors.plugins.PLUGINS``),
+so ``reclaim: {connector: ...}`` in a rule file is checked against what can actually run: an
+unknown connector or parameter is a rule-file error at load time.
 
 A connector answers three questions:
 
@@ -26,8 +28,9 @@ from pydantic import Field, PlainSerializer
 
 from costline.rules.durations import PositiveDuration, format_duration
 from costline.rules.findings import ReclaimRequest
-from costline.rules.kinds.idle import connector
-from costline.rules.reclaim import Outcome, Plan, ReclaimParams
+from costline.rules.reclaim import Outcome, Plan
+from costline.rules.reclaim_params import ReclaimParams
+from costline.rules.registry import Registry
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 """The name of an environment variable that holds a secret (never the secret itself)."""
@@ -69,19 +72,15 @@ class ReclaimConnector(ABC):
 
 
 C = TypeVar("C", bound=type[ReclaimConnector])
-RECLAIMERS: dict[str, type[ReclaimConnector]] = {}
+RECLAIMERS: Registry[ReclaimConnector] = Registry("connector", ReclaimConnector)
 
 
 def reclaimer(name: str) -> Callable[[C], C]:
-    """Class decorator: register a connector and its parameter model under ``name``."""
+    """Class decorator: register a connector, which carries its parameter model, by name."""
 
     def register(cls: C) -> C:
-        if name in RECLAIMERS:
-            raise ValueError(f"reclaim connector {name!r} is registered twice")
         cls.name = name
-        RECLAIMERS[name] = cls
-        connector(name)(cls.params_model)
-        return cls
+        return RECLAIMERS.register(name)(cls)
 
     return register
 
@@ -113,5 +112,4 @@ async def real_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-# Importing the connector modules fills RECLAIMERS (and the rule kinds' connector registry).
-from costline.connectors.reclaim import dry_run, kubernetes, slurm, webhook  # noqa: E402,F401
+RECLAIMERS.discover(__name__, __path__)

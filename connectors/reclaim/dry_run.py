@@ -12,7 +12,8 @@ import logging
 
 from costline.connectors.reclaim import ReclaimConnector, reclaimer
 from costline.rules.findings import ReclaimRequest
-from costline.rules.reclaim import Outcome, Plan, ReclaimParams
+from costline.rules.reclaim import Outcome, Plan
+from costline.rules.reclaim_params import ReclaimParams
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,18 @@ class DryRunParams(ReclaimParams):
 
 @reclaimer("dry_run")
 class DryRunReclaimer(ReclaimConnector):
-    """Remembers what it was asked to release, in order (``would_release``)."""
+    """Remembers what it was asked to release, in order (``would_release``).
+
+    ```yaml
+    rules:
+      - name: idle-trial
+        kind: idle
+        match: {resource_type: "gpu.*"}
+        below: 0.05
+        for: 30m
+        reclaim: {connector: dry_run, grace: 5m, max_per_hour: 5}
+    ```
+    """
 
     params_model = DryRunParams
 

@@ -40,7 +40,8 @@ from costline.connectors.reclaim import (
     secret_from_env,
 )
 from costline.rules.findings import ReclaimRequest
-from costline.rules.reclaim import Outcome, Plan, ReclaimParams
+from costline.rules.reclaim import Outcome, Plan
+from costline.rules.reclaim_params import ReclaimParams
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RESOURCE_FORM = re.compile(r"^k8s/([^/]+)/([^/]+)/([^/]+)$")
@@ -53,15 +54,26 @@ K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_l
 class KubernetesParams(ReclaimParams):
     """Kubernetes: scale a Deployment/StatefulSet to zero, or delete a Job/Pod (UID-checked)."""
 
-    action: Literal["scale_to_zero", "delete"] = "scale_to_zero"
-    api_url: AnyHttpUrl | None = Field(None, description="API server; default in-cluster")
+    action: Literal["scale_to_zero", "delete"] = Field(
+        "scale_to_zero",
+        description="scale_to_zero (Deployment, StatefulSet) or delete (Job, Pod)",
+    )
+    api_url: AnyHttpUrl | None = Field(
+        None, description="API server; default in-cluster "
+        "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"
+    )
     token_env: EnvName | None = Field(
         None, description="environment variable holding the bearer token; default the "
-        "service account token"
+        "service account token file"
     )
-    ca_file: str | None = Field(None, description="CA bundle of the API server")
+    ca_file: str | None = Field(
+        None, description="CA bundle of the API server; default the service account CA, "
+        "if present"
+    )
     namespace: K8sName | None = Field(None, description="namespace when the resource names none")
-    timeout: Seconds = Field(10, json_schema_extra={"default": "10s"})
+    timeout: Seconds = Field(
+        10, json_schema_extra={"default": "10s"}, description="per API call"
+    )
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,19 @@ class Retry(Exception):
 
 @reclaimer("kubernetes")
 class KubernetesReclaimer(ReclaimConnector):
+    """Calls the API server over HTTPS; the object's UID is a precondition of every change.
+
+    ```yaml
+    rules:
+      - name: idle-inference
+        kind: idle
+        match: {resource_type: "gpu.*", env: staging}
+        below: 0.02
+        for: 2h
+        reclaim: {connector: kubernetes, action: scale_to_zero, namespace: serving}
+    ```
+    """
+
     params_model = KubernetesParams
 
     def __init__(self, environ: Mapping[str, str] | None = None, sleep: Sleep = real_sleep,

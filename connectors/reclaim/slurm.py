@@ -27,7 +27,8 @@ from costline.connectors.reclaim import (
 )
 from costline.rules.findings import ReclaimRequest
 from costline.rules.kinds import DimensionKey
-from costline.rules.reclaim import Outcome, Plan, ReclaimParams, target_change
+from costline.rules.reclaim import Outcome, Plan, target_change
+from costline.rules.reclaim_params import ReclaimParams
 
 DEFAULT_JOB_ID_TAG = "slurm_job_id"
 JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
@@ -41,7 +42,11 @@ HOLDING_STATES = frozenset({"RUNNING", "SUSPENDED"})
 class SlurmParams(ReclaimParams):
     """Slurm: cancel, requeue or hold the job running on the idle resource."""
 
-    action: Literal["cancel", "requeue", "hold"] = "cancel"
+    action: Literal["cancel", "requeue", "hold"] = Field(
+        "cancel",
+        description="cancel (scancel), requeue (scontrol requeue) or hold (scontrol "
+        "requeuehold: release the nodes, keep the job held)",
+    )
     job_id_tag: DimensionKey | None = Field(
         None, description=f"tag that holds the Slurm job id (default {DEFAULT_JOB_ID_TAG})"
     )
@@ -107,7 +112,18 @@ async def run_command(argv: Sequence[str], timeout_s: float = 30.0) -> Completed
 
 @reclaimer("slurm")
 class SlurmReclaimer(ReclaimConnector):
-    """Talks to Slurm through its client commands (``squeue``, ``scancel``, ``scontrol``)."""
+    """Talks to Slurm through its client commands (``squeue``, ``scancel``, ``scontrol``).
+
+    ```yaml
+    rules:
+      - name: idle-slurm-jobs
+        kind: idle
+        match: {resource_type: "gpu.*"}
+        below: 0.05
+        for: 30m
+        reclaim: {connector: slurm, grace: 15m, action: requeue, job_id_tag: jobid}
+    ```
+    """
 
     params_model = SlurmParams
 

@@ -37,7 +37,8 @@ from costline.connectors.reclaim import (
 )
 from costline.rules.durations import rfc3339
 from costline.rules.findings import ReclaimRequest
-from costline.rules.reclaim import Outcome, Plan, ReclaimParams
+from costline.rules.reclaim import Outcome, Plan
+from costline.rules.reclaim_params import ReclaimParams
 
 if TYPE_CHECKING:
     import aiohttp
@@ -50,14 +51,18 @@ MAX_REASON = 200
 class WebhookParams(ReclaimParams):
     """A platform's release API: the plan is POSTed as signed JSON."""
 
-    url: AnyHttpUrl
+    url: AnyHttpUrl = Field(description="the platform's release API")
     secret_env: EnvName = Field(
         DEFAULT_SECRET_ENV, description="environment variable holding the signing secret"
     )
-    timeout: Seconds = Field(10, json_schema_extra={"default": "10s"})
-    retries: int = Field(3, ge=0, le=10, description="tries after the first on 5xx or no answer")
+    timeout: Seconds = Field(10, json_schema_extra={"default": "10s"}, description="per try")
+    retries: int = Field(
+        3, ge=0, le=10,
+        description="tries after the first, on 5xx, timeouts and refused connections",
+    )
     backoff: Seconds = Field(
-        1, json_schema_extra={"default": "1s"}, description="first wait before a retry; doubles"
+        1, json_schema_extra={"default": "1s"},
+        description="wait before the first retry; doubles each time (at most 30s)",
     )
 
 
@@ -85,6 +90,23 @@ class Retry(Exception):
 
 @reclaimer("webhook")
 class WebhookReclaimer(ReclaimConnector):
+    """POSTs the plan, signed, to the platform's release API; retries 5xx with backoff.
+
+    ```yaml
+    rules:
+      - name: idle-notebooks
+        kind: idle
+        match: {resource_type: "gpu.*", stage: dev}
+        below: 0.05
+        for: 1h
+        reclaim:
+          connector: webhook
+          url: https://platform.example.com/release
+          secret_env: PLATFORM_RELEASE_SECRET
+          approval: manual
+    ```
+    """
+
     params_model = WebhookParams
 
     def __init__(self, environ: Mapping[str, str] | None = None, sleep: Sleep = real_sleep,

@@ -21,7 +21,7 @@ from costline.rules.findings import (
     money_text,
     top_contributors,
 )
-from costline.rules.kinds import ZONE_FIELD, Rule, configured_zone, kind
+from costline.rules.kinds import ZONE_FIELD, Presentation, Rule, configured_zone, kind, listed
 from costline.rules.state import Group, StateView, align_down, through
 
 FORECAST_WINDOW_S = 6 * 3600
@@ -34,6 +34,9 @@ Fraction = Annotated[
     Field(gt=0, lt=1),
     WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}),
 ]
+
+
+WarningLines = Annotated[tuple[Fraction, ...], listed("fractions, e.g. [0.5, 0.8]")]
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,18 @@ class BudgetRule(Rule):
     ```
     """
 
+    presentation = Presentation(bar=True, spend=True)
+
     kind: Literal["budget"]
-    period: Period = "month"
+    period: Period = Field("month", description="the calendar period: day, week or month")
     timezone: TimeZoneName = ZONE_FIELD
-    limit: Money
-    warn_at: tuple[Fraction, ...] = ()
-    forecast: bool = False
+    limit: Money = Field(description="the budget line: spend per group and period")
+    warn_at: WarningLines = Field(
+        (), description="warning lines, as fractions of limit below 1, ascending"
+    )
+    forecast: bool = Field(
+        False, description="also warn when the period-end projection crosses limit"
+    )
 
     @field_validator("timezone", mode="before")
     @classmethod

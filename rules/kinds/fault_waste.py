@@ -18,7 +18,7 @@ from costline.rules.findings import (
     money_text,
     top_contributors,
 )
-from costline.rules.kinds import ZONE_FIELD, Rule, configured_zone, kind
+from costline.rules.kinds import ZONE_FIELD, Presentation, Rule, configured_zone, kind
 from costline.rules.state import Group, StateView, narrowed, through
 
 SHARE_LINE = "max_share"
@@ -57,11 +57,15 @@ class FaultWasteRule(Rule):
     ```
     """
 
+    presentation = Presentation(bar=True)
+
     kind: Literal["fault_waste"]
-    period: Period = "day"
+    period: Period = Field("day", description="the calendar period: day, week or month")
     timezone: TimeZoneName = ZONE_FIELD
-    max_waste: Money | None = None
-    max_share: Share | None = None
+    max_waste: Money | None = Field(None, description="the waste line: waste per group and period")
+    max_share: Share | None = Field(
+        None, description="the share line: waste as a fraction of the group's spend (0 to 1]"
+    )
 
     @field_validator("timezone", mode="before")
     @classmethod

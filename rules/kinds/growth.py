@@ -59,11 +59,17 @@ class GrowthRule(Rule):
     inhibited_by_faults: ClassVar[bool] = True
 
     kind: Literal["growth"]
-    metric: Literal["cost", "quantity"] = "cost"
-    window: WindowDuration
-    baseline: WindowDuration
-    ratio: Ratio
-    min_baseline: Money = 0
+    metric: Literal["cost", "quantity"] = Field(
+        "cost", description="cost (money) or quantity (the price book unit of what is matched)"
+    )
+    window: WindowDuration = Field(description="the recent span whose total is compared")
+    baseline: WindowDuration = Field(
+        description="the span before window whose average per window is the expected total"
+    )
+    ratio: Ratio = Field(description="the growth line: window total ≥ ratio × expected fires")
+    min_baseline: Money = Field(
+        0, description="a smaller baseline total never fires (in the metric's unit)"
+    )
 
     @field_validator("baseline")
     @classmethod

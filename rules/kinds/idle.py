@@ -8,137 +8,96 @@ cancel a training run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
-    AnyHttpUrl,
     BaseModel,
     ConfigDict,
     Field,
-    GetJsonSchemaHandler,
+    PrivateAttr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import PydanticCustomError, core_schema
+from pydantic_core import PydanticCustomError
 
 from costline.rules.durations import Duration, PositiveDuration, format_duration
 from costline.rules.findings import Finding, Line, ReclaimRequest, amount_text
-from costline.rules.kinds import DimensionKey, Glob, Rule, kind
+from costline.rules.kinds import DimensionKey, Glob, Presentation, Rule, kind
+from costline.rules.plugins import plugins_of
 from costline.rules.prices import exact, to_micro
+from costline.rules.reclaim_params import Reclaimer, ReclaimParams
+from costline.rules.registry import summary_of
 from costline.rules.state import ResourceSamples, StateView
 
 IDLE_LINE = "idle"
 MetricName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
 
 
-class ConnectorParams(BaseModel):
-    """Parameters of one reclamation connector; unknown keys are refused."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-P = TypeVar("P", bound=type[ConnectorParams])
-CONNECTORS: dict[str, type[ConnectorParams]] = {}
-
-
-def connector(name: str) -> Callable[[P], P]:
-    """Class decorator: register the parameters of a reclamation connector by name.
-
-    The reclamation module registers its own connectors here too (re-registering a name
-    replaces its parameters), so ``reclaim.connector`` is checked against what can run.
-    """
-
-    def register(cls: P) -> P:
-        CONNECTORS[name] = cls
-        return cls
-
-    return register
-
-
-@connector("slurm")
-class SlurmParams(ConnectorParams):
-    """Slurm: cancel, requeue or hold the job running on the idle nodes."""
-
-    action: Literal["cancel", "requeue", "hold"] = "cancel"
-
-
-@connector("webhook")
-class WebhookParams(ConnectorParams):
-    """Any HTTP endpoint that accepts the reclaim request as JSON."""
-
-    url: AnyHttpUrl
-    timeout: PositiveDuration = Field(10, json_schema_extra={"default": "10s"})
-
-
-@connector("kubernetes")
-class KubernetesParams(ConnectorParams):
-    """Kubernetes: scale the owning workload to zero, or delete the pod."""
-
-    action: Literal["scale_to_zero", "delete_pod"] = "scale_to_zero"
-    namespace: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] | None = None
-
-
-@connector("dry_run")
-class DryRunParams(ConnectorParams):
-    """Plans and logs the reclaim, never acts: for trying a rule on a real cluster."""
-
-
 class Reclaim(BaseModel):
     """What to do with an idle resource: ``connector``, ``grace``, then the connector's keys.
 
     The reclamation agent waits ``grace``, re-checks that the resource is still idle, and only
-    then acts (never in ``mode: dry_run``).
+    then acts (never in ``mode: dry_run``). The connectors, and so which keys each takes, are
+    the ones the loader was given (``rules/plugins.py``); the JSON Schema lists them the same
+    way (``reclaim_json_schema``).
     """
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    connector: str
-    grace: Duration = Field(900, json_schema_extra={"default": "15m"})
+    connector: str = Field(description="the reclaim connector that releases the resource")
+    grace: Duration = Field(
+        900,
+        json_schema_extra={"default": "15m"},
+        description="how long to wait after the warning, then re-check, before acting",
+    )
+    _params: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("connector")
     @classmethod
-    def _known(cls, name: str) -> str:
-        if name not in CONNECTORS:
+    def _known(cls, name: str, info: ValidationInfo) -> str:
+        reclaimers = plugins_of(info).reclaimers
+        if name not in reclaimers:
+            known = ", ".join(sorted(reclaimers)) or "none"
             raise PydanticCustomError(
                 "unknown_connector",
                 "unknown connector {name} (known: {known})",
-                {"name": repr(name), "known": ", ".join(sorted(CONNECTORS))},
+                {"name": repr(name), "known": known},
             )
         return name
 
     @model_validator(mode="after")
-    def _params_fit_connector(self) -> Reclaim:
-        CONNECTORS[self.connector].model_validate(self.model_extra or {})
+    def _params_fit_connector(self, info: ValidationInfo) -> Reclaim:
+        connector = plugins_of(info).reclaimers[self.connector]
+        params = connector.params_model.model_validate(self.model_extra or {})
+        self._params = params.model_dump(mode="json")
         return self
 
     @property
     def params(self) -> dict[str, Any]:
-        """The connector's parameters, defaults filled in."""
-        model = CONNECTORS[self.connector].model_validate(self.model_extra or {})
-        return model.model_dump(mode="json")
-
-    @classmethod
-    def __get_pydantic_json_schema__(
-        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        """One alternative per registered connector, each closed to unknown keys."""
-        return {"oneOf": [_connector_schema(n, p) for n, p in sorted(CONNECTORS.items())]}
+        """The connector's parameters, defaults filled in (as validated when loaded)."""
+        return dict(self._params)
 
 
-def _connector_schema(name: str, params: type[ConnectorParams]) -> dict[str, Any]:
+def reclaim_json_schema(reclaimers: Mapping[str, type[Reclaimer]]) -> dict[str, Any]:
+    """One alternative per connector, each closed to unknown keys."""
+    return {"oneOf": [_connector_schema(n, c.params_model) for n, c in sorted(reclaimers.items())]}
+
+
+def _connector_schema(name: str, params: type[ReclaimParams]) -> dict[str, Any]:
     schema = params.model_json_schema()
+    common = Reclaim.model_json_schema()["properties"]
     properties = {
-        "connector": {"const": name},
-        "grace": {"type": "string", "default": "15m", "description": "wait before acting"},
+        "connector": {"const": name, "description": common["connector"]["description"]},
+        "grace": common["grace"],
         **schema.get("properties", {}),
     }
     found: dict[str, Any] = {
         "type": "object",
         "title": f"reclaim via {name}",
-        "description": (params.__doc__ or "").strip(),
+        "description": summary_of(params),
         "properties": properties,
         "required": ["connector", *schema.get("required", [])],
         "additionalProperties": False,
@@ -180,13 +139,34 @@ class IdleRule(Rule):
     inhibited_by_faults: ClassVar[bool] = True
     data_driven: ClassVar[bool] = False  # gauges and time move it: the tick evaluates it
 
+    presentation = Presentation(
+        unit="fraction",
+        crossed="{value} utilization is under {line}",
+        back="{value} utilization, back over {line}",
+    )
+
     kind: Literal["idle"]
-    metric: MetricName = "gpu_util"
-    below: float = Field(allow_inf_nan=False)
-    for_: PositiveDuration = Field(alias="for")
-    max_gap: PositiveDuration = Field(300, json_schema_extra={"default": "5m"})
-    exempt: dict[DimensionKey, ExemptValues] = Field(default_factory=dict)
-    reclaim: Reclaim | None = None
+    metric: MetricName = Field(
+        "gpu_util", description="the utilization gauge whose samples are read"
+    )
+    below: float = Field(
+        allow_inf_nan=False, description="the idle line: every sample under it counts as idle"
+    )
+    for_: PositiveDuration = Field(
+        alias="for", description="how long every sample must stay below: the idle time itself"
+    )
+    max_gap: PositiveDuration = Field(
+        300,
+        json_schema_extra={"default": "5m"},
+        description="longest silence between samples; a longer one counts as busy",
+    )
+    exempt: dict[DimensionKey, ExemptValues] = Field(
+        default_factory=dict,
+        description="tag → value or list of values (globs allowed) that are never idle",
+    )
+    reclaim: Reclaim | None = Field(
+        None, description="release the idle resource through a connector, after a grace"
+    )
 
     @property
     def pending_for(self) -> int:
@@ -195,7 +175,7 @@ class IdleRule(Rule):
 
     def value_unit(self, units: Mapping[str, str]) -> str:
         """Utilization gauges are fractions (``0.05``); anything larger is in the metric's unit."""
-        return "fraction" if self.below <= 1 else self.metric
+        return self.presentation.unit if self.below <= 1 else self.metric
 
     def evaluate(self, state: StateView, now: float) -> list[Finding]:
         since = now - self.for_ - self.max_gap

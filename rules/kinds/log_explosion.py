@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from decimal import Decimal
 from typing import Annotated, Literal
 
@@ -18,7 +17,7 @@ from costline.rules.findings import (
     per_hour,
     top_contributors,
 )
-from costline.rules.kinds import Rule, kind
+from costline.rules.kinds import Presentation, Rule, kind
 from costline.rules.kinds._windows import WindowComparison, baseline_covers_window, compare_windows
 from costline.rules.state import StateView
 
@@ -55,11 +54,23 @@ class LogExplosionRule(Rule):
     ```
     """
 
+    presentation = Presentation(unit="currency_per_hour")
+
     kind: Literal["log_explosion"]
-    window: WindowDuration = 900
-    baseline: WindowDuration = 86_400
-    ratio: Ratio | None = None
-    max_rate: Money | None = None
+    window: WindowDuration = Field(
+        900, json_schema_extra={"default": "15m"},
+        description="the recent span whose spend rate is compared",
+    )
+    baseline: WindowDuration = Field(
+        86_400, json_schema_extra={"default": "1d"},
+        description="the span before window whose average rate is the expected one",
+    )
+    ratio: Ratio | None = Field(
+        None, description="the growth line: window rate ≥ ratio × baseline rate fires"
+    )
+    max_rate: Money | None = Field(
+        None, description="the rate line: spend per hour that fires whatever the history"
+    )
 
     @field_validator("baseline")
     @classmethod
@@ -71,9 +82,6 @@ class LogExplosionRule(Rule):
         if self.ratio is None and self.max_rate is None:
             raise PydanticCustomError("log_explosion", "set ratio, max_rate, or both")
         return self
-
-    def value_unit(self, units: Mapping[str, str]) -> str:
-        return "currency_per_hour"
 
     @property
     def selection(self) -> dict[str, str]:

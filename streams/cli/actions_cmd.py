@@ -1,9 +1,4 @@
-"""``costline actions`` and ``costline reclaim``: the reclamation audit log, pause and resume.
-
-Importing this module registers the reclamation connectors' parameters with the idle rule
-kind, so every command (``rules validate``, ``worker``) checks ``reclaim:`` against the
-connectors that can run.
-"""
+"""``costline actions`` and ``costline reclaim``: the reclamation audit log, pause and resume."""
 
 from __future__ import annotations
 
@@ -16,7 +11,6 @@ from typing import Any, TypeVar
 
 import typer
 
-import costline.connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
 from costline.streams.cli import command_group
 
 T = TypeVar("T")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import typer
@@ -61,11 +61,20 @@ def alert_rows(book: Any) -> list[dict[str, Any]]:
             "muted_by": alert.mute.by if alert.mute else None,
             "muted_until": rfc3339(alert.mute.until) if alert.mute else None,
             "kind": payload.get("kind"),
-            "unit": payload.get("unit"),
+            "unit": alert_unit(payload),
             "currency": payload.get("currency"),
             "period": payload.get("period"),
         })
     return rows
+
+
+def alert_unit(payload: Mapping[str, Any]) -> str:
+    """What an alert's figures measure: the record's ``unit``, else its kind's."""
+    from costline.rules.kinds import KINDS
+
+    kind = str(payload.get("kind") or "")
+    return str(payload.get("unit") or (KINDS[kind].presentation.unit if kind in KINDS
+                                       else "currency"))
 
 
 def shown_state(row: dict[str, Any]) -> str:
@@ -82,7 +91,7 @@ def shown_figure(row: dict[str, Any], field: str) -> str:
     """``value`` or ``threshold`` in the alert's unit (``$1,804.92``, ``$42.50/h``, ``2%``)."""
     from decimal import Decimal, InvalidOperation
 
-    from costline.rules.money import figure_in, unit_of_kind
+    from costline.rules.money import figure_in
 
     text = row.get(field)
     if not text:
@@ -91,8 +100,7 @@ def shown_figure(row: dict[str, Any], field: str) -> str:
         amount = Decimal(str(text))
     except InvalidOperation:
         return str(text)
-    unit = row.get("unit") or unit_of_kind(str(row.get("kind") or ""))
-    return figure_in(amount, unit, str(row.get("currency") or ""))
+    return figure_in(amount, str(row.get("unit") or "currency"), str(row.get("currency") or ""))
 
 
 def _print_alerts(rows: list[dict[str, Any]]) -> None:
@@ -196,14 +204,15 @@ def _warn_if_no_rule(ctx: typer.Context, pattern: str) -> None:
     stderr, since a typo in a rule name would otherwise leave the alert loud."""
     from fnmatch import fnmatchcase
 
-    import costline.connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
+    from costline.connectors.plugins import PLUGINS
     from costline.rules.loader import load_rules
     from costline.rules.yaml_source import SourceInvalid
     from costline.streams.cli.root import settings_of
 
     settings = settings_of(ctx)
     try:
-        names = sorted(rule.name for rule in load_rules([settings.rules], settings.timezone))
+        names = sorted(rule.name for rule in load_rules([settings.rules], settings.timezone,
+                                                        plugins=PLUGINS))
     except SourceInvalid:
         typer.echo(f"costline silence add: warning: the rules in {settings.rules} do not load, "
                    "so the rule name could not be checked", err=True)

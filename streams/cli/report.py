@@ -319,6 +319,8 @@ def _release(record: Mapping[str, Any], at: float, saved: int, prices: PriceBook
 
 def active_alerts(book: AlertBook) -> tuple[ActiveAlert, ...]:
     """Every alert pending or firing, firing first, then by rule and group."""
+    from costline.streams.cli.alerts_cmd import alert_unit
+
     found = []
     for alert in book.active():
         payload = alert.payload
@@ -326,7 +328,7 @@ def active_alerts(book: AlertBook) -> tuple[ActiveAlert, ...]:
             rule=alert.rule, kind=str(payload.get("kind") or ""),
             labels=dict(payload.get("group") or {}), state=alert.state, since=alert.since,
             value=_decimal(payload.get("value")), threshold=_decimal(payload.get("threshold")),
-            line=str(payload.get("line") or ""), unit=str(payload.get("unit") or ""),
+            line=str(payload.get("line") or ""), unit=alert_unit(payload),
             muted=_muted(alert.mute.by, alert.mute.until) if alert.mute else ""))
     return tuple(sorted(found, key=lambda a: (a.state != "firing", a.rule,
                                               sorted(a.labels.items()))))
@@ -355,12 +357,12 @@ def gather(settings: Settings, request: ReportRequest) -> Report:
     """
     from redis import Redis
 
-    import costline.connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters must be known
     from costline.connectors.alert_store import AlertStore
+    from costline.connectors.plugins import PLUGINS
     from costline.connectors.redis_state import RedisState
     from costline.rules.loader import load_rules
 
-    rules = load_rules([settings.rules], settings.timezone)
+    rules = load_rules([settings.rules], settings.timezone, plugins=PLUGINS)
     redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     try:
         sources = Sources(

@@ -42,7 +42,8 @@ def redis_failure(command: str, redis_url: str, exc: RedisError) -> str:
 class _Costline(TyperGroup):
     """The root command: a Redis failure in any command ends it cleanly, with exit code 1."""
 
-    def invoke(self, ctx: Any) -> Any:  # click's Context, which typer may vendor
+    # ``Any``: the context's class is typer's vendored click, which it names only privately.
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except RedisError as exc:
@@ -110,7 +111,7 @@ def settings_of(ctx: typer.Context) -> Settings:
     return root.obj
 
 
-def _command_name(ctx: typer.Context) -> str:
+def _command_name(ctx: Any) -> str:
     """``costline reclaim status``, also when started as ``python -m costline.streams``."""
     names: list[str] = []
     level: Any = ctx  # its parents are click's contexts, which typer may vendor

@@ -1,4 +1,4 @@
-"""``costline rules``: validate, schema, test and backtest rule files (README, Using it).
+"""``costline rules``: validate, schema, reference, test and backtest rule files (README).
 
 Everything here is offline: these commands read files and run the pure engine, so they work
 in CI and in an editor hook without Kafka or Redis.
@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.backtest import (
     LONGEST_AFTER_S,
     Progress,
@@ -27,6 +28,7 @@ from costline.rules.engine import Engine
 from costline.rules.loader import load_rules, rule_files, rules_json_schema
 from costline.rules.memory_state import InMemoryState
 from costline.rules.prices import PriceBook
+from costline.rules.reference import reference_markdown
 from costline.rules.ruletest import RuleTestReport, run_rule_tests
 from costline.rules.yaml_source import SourceError, SourceInvalid
 from costline.streams.cli import command_group
@@ -34,7 +36,8 @@ from costline.streams.cli.root import settings_of
 
 rules_app = typer.Typer(
     name="rules",
-    help="Rule files: validate, print the JSON Schema, run rule tests, backtest.",
+    help="Rule files: validate, print the JSON Schema or the reference, run rule tests, "
+    "backtest.",
     no_args_is_help=True,
 )
 
@@ -49,7 +52,7 @@ def validate(
     """Exit 0 if every rule file is valid; else print FILE:LINE:COL: message per problem."""
     settings = settings_of(ctx)
     try:
-        ruleset = load_rules(paths, settings.timezone)
+        ruleset = load_rules(paths, settings.timezone, plugins=PLUGINS)
     except SourceInvalid as exc:
         if not as_json:
             _problems(exc)
@@ -76,7 +79,13 @@ def validation(problems: list[SourceError], rules: int = 0, files: int = 0) -> d
 @rules_app.command("schema")
 def schema() -> None:
     """Print the JSON Schema of rule files (for editors and CI)."""
-    typer.echo(json.dumps(rules_json_schema(), indent=2))
+    typer.echo(json.dumps(rules_json_schema(PLUGINS), indent=2))
+
+
+@rules_app.command("reference")
+def reference() -> None:
+    """Print the rule reference (docs/RULES.md): every kind and connector with its keys."""
+    typer.echo(reference_markdown(PLUGINS), nl=False)
 
 
 @rules_app.command("test")
@@ -87,7 +96,7 @@ def test(
     """Run rule unit tests: given events, expect alerts. Exit 1 if any test fails."""
     settings = settings_of(ctx)
     try:
-        report = run_rule_tests(file, settings.prices, settings.timezone)
+        report = run_rule_tests(file, settings.prices, settings.timezone, plugins=PLUGINS)
     except SourceInvalid as exc:
         _problems(exc)
     _print_report(report)
@@ -117,7 +126,9 @@ def backtest(
         raise typer.BadParameter(str(exc), param_hint="--until") from exc
     try:
         prices = PriceBook.load(settings.prices)
-        engine = Engine.for_prices(load_rules([rules], settings.timezone), prices)
+        engine = Engine.for_prices(
+            load_rules([rules], settings.timezone, plugins=PLUGINS), prices
+        )
     except SourceInvalid as exc:
         _problems(exc)
     try:

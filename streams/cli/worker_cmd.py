@@ -58,7 +58,7 @@ def claim_bucket_zone(settings: Settings) -> None:
     from redis import Redis, exceptions
 
     from costline.connectors import bucket_zone
-    from costline.streams.worker.aggregator import REDIS_DOWN
+    from costline.streams.worker.retry import REDIS_DOWN
 
     redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     refusals = (bucket_zone.ZoneMismatch, exceptions.AuthenticationError)
@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
 
         from costline.connectors.kafka import KafkaLoginFailed
         from costline.streams.cli.root import settings_of
-        from costline.streams.topics import create_topics
+        from costline.streams.topics import LEDGER, create_topics, partitions_of
         from costline.streams.worker.app import build_app
 
         settings = settings_of(ctx)
@@ -142,7 +142,8 @@ def register(app: typer.Typer) -> None:
         except KafkaLoginFailed as exc:  # waiting would not make the password right
             typer.echo(f"costline worker: {exc}", err=True)
             raise typer.Exit(2) from exc
-        app, _ = build_app(settings)
+        partitions = partitions_of(settings, LEDGER)
+        app, _ = build_app(settings, partitions)
         logging.getLogger("costline").setLevel(loglevel.upper())
         started = time.monotonic()
         try:
@@ -161,6 +162,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _answering(bootstrap: str, security: KafkaSecurity) -> None:
+    """Return once Kafka answers; raise ``KafkaUnavailable`` (to be waited out) until then."""
     from costline.connectors.kafka import KafkaUnavailable
 
     if not _kafka_answers(bootstrap, security):

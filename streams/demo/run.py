@@ -169,10 +169,11 @@ class Demo:
             slack.stop()
 
     def _channels(self) -> list[str]:
+        from costline.connectors.plugins import PLUGINS
         from costline.rules.loader import load_rules
 
         names = {self.settings.slack_fallback_channel.lstrip("#")}
-        for rule in load_rules([self.settings.rules], self.settings.timezone):
+        for rule in load_rules([self.settings.rules], self.settings.timezone, plugins=PLUGINS):
             notify = getattr(rule, "notify", None)
             if notify is None:
                 continue
@@ -235,23 +236,22 @@ class Demo:
 
     def _wait_for_worker(self, env: dict[str, str], worker: subprocess.Popen[bytes],
                          timeout: float = 180) -> None:
+        from unittest import mock
+
         from redis import Redis
 
-        from costline.streams.topics import end_offsets
+        from costline.streams.progress import behind
+        from costline.streams.settings import Settings
 
+        with mock.patch.dict(os.environ, env):
+            settings = Settings()
         redis = Redis.from_url(env["COSTLINE_REDIS_URL"])
-        targets = end_offsets(env["COSTLINE_KAFKA_BOOTSTRAP"], self.namespace,
-                              self.kafka_security)
         deadline = time.time() + timeout
         with console.status("The worker is counting…") if not self.quiet else _null():
             while time.time() < deadline:
                 if worker.poll() is not None:
                     raise RuntimeError("the worker stopped; see its log")
-                behind = [
-                    tp for tp, end in targets.items()
-                    if end > 0 and _watermark(redis, self.namespace, *tp) < end - 1
-                ]
-                if not behind:
+                if behind(settings, redis).counted:
                     return
                 time.sleep(0.5)
         raise RuntimeError("the worker did not catch up in time")
@@ -531,9 +531,3 @@ def _units(tags: dict[str, str]) -> int:
     except (ArithmeticError, ValueError):
         return 1
 
-
-def _watermark(redis: Any, namespace: str, topic: str, partition: int) -> int:
-    from costline.connectors.redis_keys import slot_tag, wm_key
-
-    source = topic.removeprefix(f"{namespace}.").removesuffix(".v1")
-    return int(redis.get(wm_key(slot_tag(namespace, source, partition))) or -1)

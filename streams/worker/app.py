@@ -1,19 +1,20 @@
-"""The Faust application: the worker's agents, timers and pages, wired from the settings.
+"""The Faust application: the worker's agents, services, timers and pages, wired from the
+settings.
 
-Topics carry raw bytes and the aggregation agent decodes them itself
-(``costline.rules.events.parse_message``), so a bad message becomes a dead letter instead of an
-exception inside Faust. The agent takes messages in batches (``take_events``) and folds them
-into per-partition windows that a writer task applies to Redis, one script call per window
-(``costline.streams.worker.aggregator``). The app's consumer hands each message to the agent's
-stream without
-a task per message (``costline.streams.worker.handoff``).
+Input flows in two stages (docs/ARCHITECTURE.md):
 
-Where to resume a partition is decided by Redis, not by Kafka's committed offsets: when a
-rebalance completes, and before Faust seeks to the committed offsets, the worker commits the
-offset after each partition's Redis watermark, so Faust's own seek lands exactly there.
+* **intake**, a Faust agent on the input topics: takes messages in batches, prices them (in
+  child processes by default), sends refused ones to the dead-letter topic and every event to
+  the home partition of its event id on the ledger topic, then acknowledges them; Faust
+  commits their offsets. At least once: a repeat is caught at home.
+* **aggregation**, the ledger's consumer: folds each home partition into windows and writes
+  them to Redis with the partition's watermark and dedup memory, exactly once
+  (``costline.streams.worker.aggregation``).
 
-The rule engine and reclamation run on the Faust leader only (one worker of the group), so two
-workers never race on the alert book or on a release.
+Topics carry bytes; intake decodes them itself (``costline.rules.events.parse_message``), so a
+bad message becomes a dead letter instead of an exception inside Faust. The rule engine and
+reclamation run on the Faust leader only (one worker of the group), so two workers never race
+on the alert book or on a release.
 """
 
 from __future__ import annotations
@@ -25,48 +26,47 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
-from faust.types import TP
+import faust.web
+from aiokafka import AIOKafkaConsumer
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import ReadOnlyError
 
-import costline.connectors.reclaim  # noqa: F401 - reclaimers validate their rule parameters
 from costline.connectors import bucket_zone
 from costline.connectors.alert_store import AlertStore
 from costline.connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions
 from costline.connectors.redis_apply import BatchWriter
 from costline.connectors.redis_keys import Calendar
 from costline.connectors.redis_state import RedisState
-from costline.connectors.slack_actions import add_actions_route
+from costline.rules.ledger import Intake as Pricer
 from costline.rules.prices import PriceBook
-from costline.rules.tally import Folder
 from costline.streams.settings import Settings
-from costline.streams.worker import collector, handoff
-from costline.streams.worker.aggregator import REDIS_DOWN, Aggregator
+from costline.streams.topics import INPUTS
+from costline.streams.worker import collector
+from costline.streams.worker.aggregation import Aggregation
 from costline.streams.worker.evaluation_process import ProcessRunner
 from costline.streams.worker.evaluator import Evaluator, RuleSource
-from costline.streams.worker.folding import Folding, FoldingPool, ProcessFolding
 from costline.streams.worker.health import Health
+from costline.streams.worker.intake import Intake
 from costline.streams.worker.metrics import Metrics
 from costline.streams.worker.notifier import (
     build_actions_handler,
     build_notifier,
     deliver_until_done,
 )
+from costline.streams.worker.pricing import InlinePricing, PoolPricing, Pricing
 from costline.streams.worker.reclaim_alerts import cap_breach_alert, is_cap_breach
 from costline.streams.worker.reclaimer import ReclaimActions, Reclaimer, build_reclaimer
+from costline.streams.worker.retry import REDIS_DOWN
 
 log = logging.getLogger("costline.worker")
 
-SOURCES = {"usage": "usage", "faults": "faults"}
 # How often a worker checks that Redis still holds the watermarks of its idle partitions.
 WATERMARK_CHECK_S = 10.0
-# Input messages not yet applied to Redis (over the worker's partitions) from which
-# the
+# Ledger records not yet applied to Redis (over the worker's partitions) from which the
 # aggregation counts as behind, and rule evaluations rest longer
-# (costline.streams.worker.evaluator): more
-# than a few takes of messages waiting, whatever a message holds.
-BEHIND_MESSAGES = 1_000
+# (costline.streams.worker.evaluator).
+BEHIND_LEDGER_RECORDS = 100
 Send = Callable[[bytes, bytes], Awaitable[None]]
 
 
@@ -74,13 +74,11 @@ def faust_broker(bootstrap: str) -> list[str]:
     return [f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()]
 
 
-def faust_app(settings: Settings, app_class: type[faust.App] | None = None) -> faust.App:
-    """The worker's Faust app (``handoff.App``); ``app_class=faust.App`` gives it Faust's own
-    consumer."""
-    app_class = app_class or handoff.App
+def faust_app(settings: Settings) -> faust.App:
+    """The worker's Faust app: intake, the notifier, timers and pages."""
     datadir = settings.state_dir / "faust" / settings.namespace
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
-    app = app_class(
+    return faust.App(
         f"{settings.namespace}-aggregator",
         broker=faust_broker(settings.kafka_bootstrap),
         # TLS and SASL for Faust's consumer, producer and topic creation alike.
@@ -97,20 +95,20 @@ def faust_app(settings: Settings, app_class: type[faust.App] | None = None) -> f
         topic_partitions=settings.partitions,
         topic_allow_declare=True,
         producer_acks=-1,
+        producer_compression_type="lz4",
+        # A take's ledger records and dead letters are sent together.
+        producer_linger_ms=5,
         # The dead letter of a refused 10,000-event batch is a few MiB (topics allow 16 MiB).
         producer_max_request_size=MAX_MESSAGE_BYTES,
         # Messages Faust buffers ahead of the agent. 100-event batches are ~33 KB each, so
         # its default of 4,096 could hold 130 MiB; a few takes ahead keep the agent busy.
         stream_buffer_maxsize=max(1024, settings.batch_messages * 4),
-        # Compressed bytes fetched ahead per partition: by default Kafka's own 1 MiB, not
-        # Faust's 4 MiB, so a worker owning 24 partitions holds at most 24 MiB of them.
+        # Compressed bytes fetched ahead per partition: Kafka's own 1 MiB, not Faust's 4 MiB,
+        # so a worker owning 24 partitions holds at most 24 MiB of them.
         consumer_max_fetch_size=settings.fetch_bytes,
         broker_commit_every=max(10_000, settings.batch_messages * 4),
         web_in_thread=False,
     )
-    if isinstance(app, handoff.App):  # set before its consumer (made on first use) polls
-        app.poll_bytes = settings.poll_bytes
-    return app
 
 
 class Wiring:
@@ -129,7 +127,14 @@ class Wiring:
     def topic(self, *names: str) -> Any:
         """Topics whose agents take Kafka's bytes and decode them themselves."""
         return self.app.topic(*(self.settings.topic(n) for n in names),
-                              schema=handoff.RawSchema())
+                              key_type=bytes, value_type=bytes,
+                              key_serializer="raw", value_serializer="raw")
+
+    async def send(self, topic: str, partition: int | None, key: bytes | None,
+                   value: bytes) -> Awaitable[Any]:
+        """Hand a message to the producer; the future says when Kafka has it."""
+        return await self.app.producer.send(topic, key, value, partition=partition,
+                                            timestamp=None, headers=None)
 
     def sender(self, name: str) -> Send:
         """Send to an output topic and wait for Kafka's acknowledgement."""
@@ -156,63 +161,87 @@ class Wiring:
 
     # -- concerns ---------------------------------------------------------------------
 
-    def folding(self) -> Folding | None:
-        """Where the aggregation folds (None: in the worker's process)."""
+    def pricing(self, partitions: int) -> Pricing:
+        """Where intake parses and prices: in child processes, or in the worker's own."""
         settings = self.settings
+        pricer = Pricer(self.prices, partitions)
         if settings.folding == "inline":
-            return None
-        takes, processes = settings.folding_takes, settings.folding_processes
-        if processes == 1:
-            return ProcessFolding(self.prices, takes)
-        # in a pool the takes are the pool's, in all: its members' own depth is not used
-        return FoldingPool([ProcessFolding(self.prices) for _ in range(processes)], takes)
+            return InlinePricing(pricer)
+        return PoolPricing(settings.prices, partitions, settings.folding_processes, pricer)
 
-    def aggregation(self) -> Aggregator:
+    def intake(self, partitions: int) -> Intake:
         settings, app = self.settings, self.app
-        sources = {settings.topic(name): short for name, short in SOURCES.items()}
+        pricing = self.pricing(partitions)
+        intake = Intake(pricing=pricing, send=self.send, ledger_topic=settings.topic("ledger"),
+                        dlq_topic=settings.topic("dlq"), metrics=self.metrics,
+                        health=self.health, depth=settings.folding_takes)
 
-        async def seek(topic: str, partition: int, offset: int) -> None:
-            # seek_wait runs in the consumer's own thread: a seek from this one races the
-            # fetcher resetting the same partition, and can kill aiokafka's fetch routine.
-            await app.consumer.seek_wait({TP(topic, partition): offset})
+        @app.agent(self.topic(*INPUTS), concurrency=1)
+        async def take_in(stream: Any) -> None:
+            await intake.run(stream, settings.batch_messages, settings.batch_within_s)
 
-        aggregator = Aggregator(
-            namespace=settings.namespace, sources=sources,
+        @app.service
+        class PricingPool(faust.Service):
+            """Shuts the pricing processes down with the worker."""
+
+            async def on_stop(self) -> None:
+                pricing.close()
+
+        def input_lag() -> dict[tuple[tuple[str, str], ...], float]:
+            out: dict[tuple[tuple[str, str], ...], float] = {}
+            for (topic, partition), offset in intake.delivered.items():
+                high = _highwater(app, topic, partition)
+                if high is not None:
+                    labels = (("partition", str(partition)), ("topic", topic))
+                    out[labels] = float(max(0, high - offset - 1))
+            return out
+        self.metrics.gauge("input_lag", input_lag)
+        return intake
+
+    def aggregation(self, partitions: int) -> Aggregation:
+        settings = self.settings
+        security = settings.kafka_security()
+
+        def consumer() -> AIOKafkaConsumer:
+            return AIOKafkaConsumer(
+                bootstrap_servers=settings.kafka_bootstrap,
+                group_id=f"{settings.namespace}-ledger",
+                client_id=f"{settings.namespace}-ledger",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=settings.fetch_bytes,
+                fetch_max_bytes=max(settings.fetch_bytes * 8, 8 * 1024 * 1024),
+                session_timeout_ms=int(settings.kafka_session_timeout_s * 1000),
+                heartbeat_interval_ms=int(min(3.0, settings.kafka_session_timeout_s / 3) * 1000),
+                rebalance_timeout_ms=int(settings.kafka_rebalance_timeout_s * 1000),
+                **security.client_kwargs(),
+            )
+
+        aggregation = Aggregation(
+            consumer=consumer, topic=settings.topic("ledger"), namespace=settings.namespace,
             writer=BatchWriter(self.redis, settings.namespace, Calendar(settings.timezone),
                                settings.dedup_horizon_s),
-            folder=Folder(self.prices), send_dead_letter=self.sender("dlq"), seek=seek,
             metrics=self.metrics, health=self.health, window_events=settings.window_events,
-            window_linger_s=settings.window_linger_s, unwritten_events=settings.unwritten_events,
-            folding=self.folding(),
-        )
-        source = self.topic(*SOURCES)
+            window_linger_s=settings.window_linger_s, unwritten_events=settings.unwritten_events)
 
-        @app.agent(source, concurrency=1)
-        async def aggregate(stream: Any) -> None:
-            async for events in stream.take_events(settings.batch_messages,
-                                                   within=settings.batch_within_s):
-                await aggregator.handle([event.message for event in events])
+        @self.app.service
+        class Ledger(faust.Service):
+            """The ledger's consumer, started and stopped with the worker."""
 
-        @app.on_rebalance_complete.connect
-        async def resume_from_redis(sender: Any, **kwargs: Any) -> None:
-            assigned = [(tp.topic, tp.partition) for tp in app.consumer.assignment()]
-            owned = set(assigned)
-            aggregator.on_revoked([tp for tp in aggregator.partitions if tp not in owned])
-            resume = await aggregator.on_assigned(assigned)
-            if resume:
-                # Faust seeks to the committed offsets right after this signal; aiokafka skips
-                # a committed offset of 0, so seek here as well to cover a fresh watermark
-                # (in the consumer's thread, as above).
-                offsets = {TP(t, p): o for (t, p), o in resume.items()}
-                await app.consumer._commit(offsets)
-                await app.consumer.seek_wait(offsets)
-                log.info("resuming %d partitions from Redis watermarks", len(resume))
+            @faust.Service.task
+            async def _aggregate(self) -> None:
+                await aggregation.run()
 
-        self.metrics.gauge("consumer_lag", lambda: self._lag(aggregator))
+            async def on_stop(self) -> None:
+                await aggregation.stop()
+
+        self.metrics.gauge("consumer_lag", lambda: {
+            (("partition", str(p)), ("topic", settings.topic("ledger"))): float(lag)
+            for p, lag in aggregation.lag().items()})
         self.metrics.gauge("tagsets_known",
-                           lambda: {(): float(aggregator.writer.known_tagsets)})
-        self.metrics.gauge("unwritten_events", lambda: {(): float(aggregator.unwritten())})
-        self.every(WATERMARK_CHECK_S, "watermark_check", aggregator.verify_watermarks)
+                           lambda: {(): float(aggregation.writer.known_tagsets)})
+        self.metrics.gauge("unwritten_events", lambda: {(): float(aggregation.unwritten())})
+        self.every(WATERMARK_CHECK_S, "watermark_check", aggregation.verify_watermarks)
 
         async def record_zone() -> None:
             # Recorded at start (``costline worker``); again here, for a Redis that lost it.
@@ -229,18 +258,28 @@ class Wiring:
             else:
                 self.health.recovered("bucket_zone")
         self.every(WATERMARK_CHECK_S, "zone_record", record_zone)
-        return aggregator
+        return aggregation
 
-    def alerting(self, aggregator: Aggregator) -> Evaluator:
+    def alerting(self, aggregation: Aggregation) -> Evaluator:
         settings = self.settings
         runner = ProcessRunner(settings, self.prices) if settings.evaluator == "process" else None
+        if runner is not None:
+            process = runner
+
+            @self.app.service
+            class EvaluationProcess(faust.Service):
+                """Ends the evaluation process with the worker."""
+
+                async def on_stop(self) -> None:
+                    await asyncio.to_thread(process.stop)
+
         return Evaluator(
             source=RuleSource(settings.rules, settings.timezone, self.prices, self.health),
             state=RedisState(self.sync_redis, settings.namespace, settings.timezone),
             store=AlertStore(self.sync_redis, settings.namespace),
             publish=self.sender("alerts"), metrics=self.metrics, tick_s=settings.rules_tick_s,
             runner=runner,
-            behind=lambda: sum(self._lag(aggregator).values()) >= BEHIND_MESSAGES,
+            behind=lambda: sum(aggregation.lag().values()) >= BEHIND_LEDGER_RECORDS,
         )
 
     def reclamation(self, evaluator: Evaluator) -> Reclaimer:
@@ -282,7 +321,14 @@ class Wiring:
         buttons = build_actions_handler(self.settings, self.redis, evaluator.store, notifier,
                                         reclaim=ReclaimActions(reclaimer))
         if buttons is not None:
-            add_actions_route(self.app.web.web_app, buttons)
+            handler = buttons
+
+            @self.app.page("/slack/actions")
+            class SlackActions(faust.web.View):
+                """Button presses (Block Kit actions), checked against the signing secret."""
+
+                async def post(self, request: Any) -> Any:
+                    return await handler(request)
 
     def probes(self) -> None:
         """An idle worker makes no Redis or Kafka calls of its own: these make an outage
@@ -310,10 +356,10 @@ class Wiring:
         self.every(5.0, "kafka_probe", kafka_answers)
 
     def garbage_collection(self) -> None:
-        @self.app.task
         async def settle_collector() -> None:
             """Once the worker has started (costline.streams.worker.collector)."""
             collector.settle()
+        self.app.task(settle_collector)
 
     def pages(self) -> None:
         health, metrics = self.health, self.metrics
@@ -326,17 +372,14 @@ class Wiring:
         async def metrics_page(web: Any, request: Any) -> Any:
             return web.text(metrics.render(), content_type="text/plain; version=0.0.4")
 
-    def _lag(self, aggregator: Aggregator) -> dict[tuple[tuple[str, str], ...], float]:
-        out = {}
-        for (topic, partition), state in aggregator.partitions.items():
-            try:
-                high = self.app.consumer.highwater(TP(topic, partition))
-            except Exception:  # noqa: BLE001 - no highwater before the first fetch
-                continue
-            if high is not None:
-                labels = (("partition", str(partition)), ("topic", topic))
-                out[labels] = float(max(0, high - state.applied - 1))
-        return out
+
+
+def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
+    try:
+        high = app.consumer.highwater(faust.types.TP(topic, partition))
+    except Exception:  # noqa: BLE001 - no highwater before the first fetch
+        return None
+    return int(high) if high is not None else None
 
 
 def _notify_of(evaluator: Evaluator, rule_name: Any) -> dict[str, Any]:
@@ -346,38 +389,45 @@ def _notify_of(evaluator: Evaluator, rule_name: Any) -> dict[str, Any]:
     return notify.model_dump(exclude_none=True) if notify is not None else {}
 
 
-def build_app(settings: Settings) -> tuple[faust.App, Aggregator]:
-    """The whole worker: aggregation, alerting, reclamation, Slack, probes and pages."""
+def build_app(settings: Settings, partitions: int | None = None
+              ) -> tuple[faust.App, Aggregation]:
+    """The whole worker: intake, aggregation, alerting, reclamation, Slack, probes and pages.
+    ``partitions``: the ledger topic's (the settings' when not given)."""
     wiring = Wiring(settings)
-    aggregator = wiring.aggregation()
-    evaluator = wiring.alerting(aggregator)
+    partitions = partitions or settings.partitions
+    wiring.intake(partitions)
+    aggregation = wiring.aggregation(partitions)
+    evaluator = wiring.alerting(aggregation)
     reclaimer = wiring.reclamation(evaluator)
     wiring.slack(evaluator, reclaimer)
     wiring.probes()
     wiring.pages()
     wiring.garbage_collection()
     _describe(wiring.metrics)
-    return wiring.app, aggregator
+    return wiring.app, aggregation
 
 
 def _describe(metrics: Metrics) -> None:
     for name, text in {
         "messages_total": "input messages taken from Kafka",
+        "entries_total": "events of accepted input messages sent to the ledger",
         "events_total": "events counted into Redis",
         "rejected_total": "input messages sent to the dead-letter topic, by reason",
         "batches_total": "Redis batch writes applied",
         "events_duplicate_total": "events ignored because their id was counted",
-        "messages_replayed_total": "messages skipped as already applied",
+        "ledger_records_replayed_total": "ledger records skipped as already applied",
+        "ledger_records_unreadable_total": "ledger records that were not ledger records",
         "redis_apply_seconds": "latency of one batch write to Redis",
         "evaluations_total": "rule evaluations run",
         "alert_changes_total": "alert state changes published",
         "evaluation_seconds": "latency of one evaluation (every rule on the tick; between "
                               "ticks, the rules new data can change)",
-        "consumer_lag": "input messages not yet applied to Redis",
+        "input_lag": "input messages not yet priced into the ledger",
+        "consumer_lag": "ledger records not yet applied to Redis",
         "tagsets_known": "tag sets the worker knows Redis holds, so does not send again "
                          "(one budget over its partitions)",
         "unwritten_events": "events folded and not yet written to Redis, over the "
                             "worker's partitions (at most COSTLINE_UNWRITTEN_EVENTS and one "
-                            "take)",
+                            "window)",
     }.items():
         metrics.describe(name, text)

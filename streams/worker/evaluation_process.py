@@ -21,7 +21,6 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-import costline.connectors.reclaim  # noqa: F401 - the connectors' rule parameters, as the worker knows them
 from costline.rules.engine import Engine, Evaluation
 from costline.rules.loader import RuleSet
 from costline.rules.prices import PriceBook
@@ -48,6 +47,7 @@ class ProcessRunner:
         self._process: Any = None
         self._conn: Connection | None = None
         self._rules: RuleSet | None = None  # the rule set the child holds
+        self._stopped = False
 
     @property
     def pid(self) -> int | None:
@@ -61,6 +61,11 @@ class ProcessRunner:
         conn.send(("evaluate", now, full))
         return self._answer(conn)
 
+    def stop(self) -> None:
+        """The worker stops: end the child, and start no other."""
+        self._stopped = True
+        self.close()
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -71,6 +76,8 @@ class ProcessRunner:
         self._process = self._conn = self._rules = None
 
     def _child(self) -> Connection:
+        if self._stopped:
+            raise EvaluatorDied("the worker is stopping")
         if self._process is not None and self._process.is_alive() and self._conn is not None:
             return self._conn
         if self._process is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from costline.connectors.alert_store import AlertStore
+from costline.connectors.plugins import PLUGINS
 from costline.connectors.redis_keys import wm_key
 from costline.connectors.redis_state import RedisState
 from costline.rules.engine import Engine, Evaluation
@@ -76,7 +77,7 @@ class RuleSource:
         if signature != self._signature:
             self._signature = signature
             try:
-                rules = load_rules([self.path], self.timezone)
+                rules = load_rules([self.path], self.timezone, plugins=PLUGINS)
             except RulesInvalid as exc:
                 self.error = str(exc)
                 self.health.failing("rules", f"rule reload refused, keeping the last good set: "

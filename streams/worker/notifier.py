@@ -26,9 +26,9 @@ from costline.connectors.slack_ledger import SlackLedger
 from costline.connectors.slack_sender import DeliveryError, SlackNotifier
 from costline.rules.durations import rfc3339
 from costline.streams.settings import Settings
-from costline.streams.worker.aggregator import Backoff
 from costline.streams.worker.health import Health
 from costline.streams.worker.metrics import Metrics
+from costline.streams.worker.retry import Backoff
 
 log = logging.getLogger("costline.notifier")
 

@@ -1,6 +1,6 @@
 """Writes events into a namespace's Redis state the way the worker does (its zone recorded
-first, then one partition per source, one script call per batch), for tests of what reads
-that state."""
+first, then each event on its home partition, one script call per batch), for tests of what
+reads that state."""
 
 from __future__ import annotations
 
@@ -14,30 +14,30 @@ from costline.connectors import bucket_zone
 from costline.connectors.redis_apply import Applied, BatchWriter
 from costline.connectors.redis_keys import Calendar, slot_tag
 from costline.rules.events import AnyEvent
+from costline.rules.ledger import Intake
 from costline.rules.prices import PriceBook
-from costline.rules.tally import Folder, Tally
+from costline.rules.tally import tally_of
 from costline.streams.settings import DEFAULT_PRICES
 from tests.conftest import forget_redis_keys
 
 ZONE = "UTC"  # the worker's COSTLINE_TIMEZONE
 
 
+PARTITIONS = 1  # one home partition: tests of the read side find every key in one slot
+
+
 class Writer:
     def __init__(self, writer: BatchWriter, namespace: str) -> None:
-        self.writer, self.folder = writer, Folder(PriceBook.load(DEFAULT_PRICES))
-        self.slots = {source: slot_tag(namespace, source, 0) for source in ("usage", "faults")}
-        self.marks = {slot: -1 for slot in self.slots.values()}
+        self.writer, self.namespace = writer, namespace
+        self.intake = Intake(PriceBook.load(DEFAULT_PRICES), PARTITIONS)
+        self.marks: dict[str, int] = {}
 
     async def write(self, events: list[AnyEvent]) -> None:
-        for source, slot in self.slots.items():
-            mine = [e for e in events if (e.kind == "fault") == (source == "faults")]
-            if not mine:
-                continue
-            tally = Tally()
-            self.folder.fold(tally, mine)
+        for home, record in self.intake.records(events).items():
+            slot = slot_tag(self.namespace, home)
             await self.writer.register_slots([slot])
-            mark = self.marks[slot]
-            assert await self.writer.apply(slot, mark, mark + 1, tally) == Applied()
+            mark = self.marks.get(slot, -1)
+            assert await self.writer.apply(slot, mark, mark + 1, tally_of([record])) == Applied()
             self.marks[slot] = mark + 1
 
 

@@ -189,21 +189,42 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def wait_caught_up(redis: Redis, namespace: str, source: str, ends: Mapping[int, int],
-                   worker: Worker | None = None, timeout: float = 180) -> None:
-    """Until every partition's Redis watermark reached its end offset."""
+def settings_of(env: Mapping[str, str]) -> Any:
+    """The worker's settings as ``env`` gives them (a test's own environment left alone)."""
+    from unittest import mock
+
+    from costline.streams.settings import Settings
+
+    with mock.patch.dict(os.environ, env, clear=True):
+        return Settings()
+
+
+def wait_caught_up(env: Mapping[str, str], worker: Worker | None = None,
+                   timeout: float = 180) -> None:
+    """Until everything produced to the namespace's input topics is counted in Redis:
+    intake committed every input message, and Redis's watermarks reached the ledger's ends."""
+    from costline.streams.progress import behind
+
+    settings = settings_of(env)
+    redis = Redis.from_url(settings.redis_url)
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        behind = {
-            p: end for p, end in ends.items()
-            if end > 0 and int(redis.get(f"{{{namespace}:{source}:{p}}}:wm") or -1) < end - 1
-        }
-        if not behind:
-            return
-        if worker is not None and not worker.alive():
-            raise AssertionError(f"worker died; see {worker.log}")
-        time.sleep(0.25)
-    raise AssertionError(f"not caught up after {timeout}s: {behind}")
+    try:
+        while time.time() < deadline:
+            left = behind(settings, redis)
+            if left.counted:
+                return
+            if worker is not None and not worker.alive():
+                raise AssertionError(f"worker died; see {worker.log}")
+            time.sleep(0.25)
+    finally:
+        redis.close()
+    raise AssertionError(f"not counted after {timeout}s: {left}")
+
+
+def ledger_applied(redis: Redis, namespace: str, partitions: int) -> int:
+    """Ledger records applied to Redis so far, over every home partition."""
+    return sum(int(redis.get(f"{{{namespace}:ledger:{p}}}:wm") or -1) + 1
+               for p in range(partitions))
 
 
 def read_all(bootstrap: str, topic: str, timeout_s: float = 10) -> list[Any]:

@@ -27,6 +27,7 @@ from tests.integration.streamkit import (
     produce,
     read_all,
     rows_by_group,
+    settings_of,
     spend_json,
     usage_event,
     wait_caught_up,
@@ -127,8 +128,7 @@ def test_spend_equals_independent_totals_and_dead_letters_are_exact(services, wo
         bad.append(raw)
     topic = f"{namespace}.usage.v1"
     produce(services.bootstrap, topic, messages)
-    redis = Redis.from_url(services.redis_url)
-    wait_caught_up(redis, namespace, "usage", end_offsets(services.bootstrap, topic), worker)
+    wait_caught_up(worker.env, worker)
 
     env = worker.env
     day_start, day_end = DAY, DAY + 86400
@@ -172,14 +172,11 @@ def test_faults_add_waste_and_leave_spend_unchanged(services, worker, namespace)
     ]
     produce(services.bootstrap, f"{namespace}.usage.v1",
             [(e["event_id"].encode(), json.dumps(e).encode()) for e in usage])
-    redis = Redis.from_url(services.redis_url)
-    wait_caught_up(redis, namespace, "usage",
-                   end_offsets(services.bootstrap, f"{namespace}.usage.v1"), worker)
+    wait_caught_up(worker.env, worker)
     before = spend_json(worker.env, "--period", "day", "--at", AT)
     produce(services.bootstrap, f"{namespace}.faults.v1",
             [(e["event_id"].encode(), json.dumps(e).encode()) for e in faults] * 2)
-    wait_caught_up(redis, namespace, "faults",
-                   end_offsets(services.bootstrap, f"{namespace}.faults.v1"), worker)
+    wait_caught_up(worker.env, worker)
     after = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team")
     total_cost = sum(int(r["cost"].replace(".", "")) for r in after["rows"])
     assert total_cost == int(before["rows"][0]["cost"].replace(".", ""))
@@ -222,8 +219,7 @@ def test_batches_of_every_kafka_codec_are_counted(services, worker, namespace):
         for event in events:
             ledger.count(event)
         asyncio.run(send(codec, events))
-    wait_caught_up(Redis.from_url(services.redis_url), namespace, "usage",
-                   end_offsets(services.bootstrap, topic), worker)
+    wait_caught_up(worker.env, worker)
     report = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team")
     expected = ledger.total("cost", ("team",), {}, DAY, DAY + 86400)
     assert rows_by_group(report, ("team",), "cost") == expected
@@ -241,8 +237,7 @@ def test_calendar_day_follows_the_configured_time_zone(services, namespace, tmp_
                 "resource_id": "n1", "resource_type": "gpu.h100", "quantity": 1, "unit":
                 "gpu_hour", "tags": {"team": "pretrain"}}
         produce(services.bootstrap, f"{namespace}.usage.v1", [(b"late", json.dumps(late).encode())])
-        wait_caught_up(Redis.from_url(services.redis_url), namespace, "usage",
-                       end_offsets(services.bootstrap, f"{namespace}.usage.v1"), proc)
+        wait_caught_up(proc.env, proc)
         nov27 = spend_json(env, "--period", "day", "--at", "2026-11-27T12:00:00+08:00")
         nov28 = spend_json(env, "--period", "day", "--at", "2026-11-28T12:00:00+08:00")
         assert nov27["rows"] == []
@@ -261,15 +256,14 @@ def test_totals_stay_exact_when_the_worker_is_killed_repeatedly(services, worker
     topic = f"{namespace}.usage.v1"
     produce(services.bootstrap, topic, messages)
     ends = end_offsets(services.bootstrap, topic)
-    redis = Redis.from_url(services.redis_url)
     total = sum(ends.values())
     kills = 0
     for fraction in sorted(rng.uniform(0.05, 0.9) for _ in range(5)):
-        _wait_progress(redis, namespace, ends, fraction * total, worker)
+        _wait_progress(worker.env, total, fraction * total, worker)
         worker.kill9()
         kills += 1
         worker.start()
-    wait_caught_up(redis, namespace, "usage", ends, worker, timeout=300)
+    wait_caught_up(worker.env, worker, timeout=300)
     report = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team,job")
     assert rows_by_group(report, ("team", "job"), "cost") == ledger.total(
         "cost", ("team", "job"), {}, DAY, DAY + 86400)
@@ -277,18 +271,18 @@ def test_totals_stay_exact_when_the_worker_is_killed_repeatedly(services, worker
 
 
 @pytest.mark.parametrize("folding", ["pool"])
-def test_the_folding_processes_end_with_their_worker(services, worker, namespace):
+def test_the_pricing_processes_end_with_their_worker(services, worker, namespace):
     produce(services.bootstrap, f"{namespace}.usage.v1",
             _stream(seed=5, n=2000)[0])  # the children start with the first partitions
     deadline = time.time() + 60
-    while len(children := children_named(worker.proc.pid, "costline-folder")) < 2:
-        assert time.time() < deadline, f"not two folding processes; see {worker.log}"
+    while not (children := children_named(worker.proc.pid, "costline-pricer")):
+        assert time.time() < deadline, f"no pricing process; see {worker.log}"
         time.sleep(0.1)
     os.kill(worker.proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
     worker.proc.wait(10)
     deadline = time.time() + 20
     while alive := [c for c in children if Path(f"/proc/{c}").exists() and _state(c) != "Z"]:
-        assert time.time() < deadline, f"folding processes {alive} outlived their worker"
+        assert time.time() < deadline, f"pricing processes {alive} outlived their worker"
         time.sleep(0.1)
 
 
@@ -311,13 +305,16 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def _wait_progress(redis: Redis, namespace: str, ends: dict[int, int], target: float,
-                   worker: Worker, timeout: float = 180) -> None:
-    """Until the watermarks together passed ``target`` messages."""
+def _wait_progress(env: dict[str, str], total: int, target: float, worker: Worker,
+                   timeout: float = 180) -> None:
+    """Until intake has taken ``target`` of the ``total`` input messages."""
+    from costline.streams.progress import behind
+
+    settings = settings_of(env)
+    redis = Redis.from_url(settings.redis_url)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        done = sum(int(redis.get(f"{{{namespace}:usage:{p}}}:wm") or -1) + 1 for p in ends)
-        if done >= target:
+        if total - behind(settings, redis).inputs >= target:
             return
         assert worker.alive(), f"worker died; see {worker.log}"
         time.sleep(0.05)
@@ -398,11 +395,10 @@ def test_totals_are_exact_after_redis_restarts_mid_stream(services, namespace, t
         topic = f"{namespace}.usage.v1"
         produce(services.bootstrap, topic, messages)
         ends = end_offsets(services.bootstrap, topic)
-        _wait_progress(Redis.from_url(url), namespace, ends, 0.3 * sum(ends.values()), proc)
+        _wait_progress(env, sum(ends.values()), 0.3 * sum(ends.values()), proc)
         restart(kill, check_down=lambda: _health(env)["status"] == "degraded")
         _wait_ping(url)
-        wait_caught_up(Redis.from_url(url), namespace, "usage",
-                       end_offsets(services.bootstrap, topic), proc, timeout=240)
+        wait_caught_up(proc.env, proc, timeout=240)
         assert proc.alive()
         # The Redis probe runs every 2 s: one that failed during the outage may report after
         # the last write succeeded, so the next one is what says ok.
@@ -420,15 +416,14 @@ def test_lost_redis_state_is_rebuilt_from_kafka(services, worker, namespace):
     topic = f"{namespace}.usage.v1"
     produce(services.bootstrap, topic, messages)
     redis = Redis.from_url(services.redis_url)
-    ends = end_offsets(services.bootstrap, topic)
-    wait_caught_up(redis, namespace, "usage", ends, worker)
+    wait_caught_up(worker.env, worker)
     worker.stop()
     # Redis loses everything of this namespace; Kafka's committed offsets are at the end.
     doomed = [*redis.scan_iter(f"{{{namespace}:*"), *redis.scan_iter(f"{namespace}:*")]
     assert doomed
     redis.delete(*doomed)
     worker.start()
-    wait_caught_up(redis, namespace, "usage", ends, worker)
+    wait_caught_up(worker.env, worker)
     report = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team")
     assert rows_by_group(report, ("team",), "cost") == ledger.total(
         "cost", ("team",), {}, DAY, DAY + 86400)

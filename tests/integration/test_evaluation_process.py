@@ -12,7 +12,6 @@ import pytest
 import redis
 from redis import Redis
 
-import costline.connectors.reclaim  # noqa: F401 - the worker knows every connector
 from costline.connectors.alert_store import AlertStore
 from costline.connectors.redis_state import RedisState
 from costline.rules.engine import Engine, Evaluation
@@ -34,8 +33,8 @@ BUDGETS = RuleSet((
          warn_at=[0.5]),
     rule(kind="growth", name="growth", group_by=["team"], window="1h", baseline="1d", ratio=2),
 ))
-# A reclaim block with a connector's own parameters (``approval``): the child must know the
-# connectors the worker knows, or the rule's parameters no longer validate there.
+# A reclaim block with a connector's own parameters (``approval``): the child must get them
+# with the rules, as they were validated where the rules were loaded.
 IDLE = RuleSet((rule(kind="idle", name="gpu-idle", below=0.05, for_="10m",
                      reclaim={"connector": "dry_run", "grace": "1h", "approval": "manual"}),))
 NIGHTLY = RuleSet((rule(kind="budget", name="team-night", group_by=["team"], period="day",

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from redis import Redis
 
 from costline.connectors.kafka import KafkaUnavailable, api_versions, consumer
 from costline.connectors.kafka_security import KafkaSecurity
@@ -378,9 +377,7 @@ def test_worker_aggregates_over_sasl_ssl_into_redis_over_tls(
     worker = DebugWorker(env, tmp_path / "worker.log")
     worker.start()
     try:
-        redis = Redis.from_url(tls_redis.url())
-        wait_caught_up(redis, namespace, "usage", input_ends(broker, f"{namespace}.usage.v1"),
-                       worker, timeout=120)
+        wait_caught_up(worker.env, worker, timeout=120)
         for by in ((), ("team",), ("team", "env")):
             args = ["--period", "day", "--at", AT] + (["--by", ",".join(by)] if by else [])
             report = spend_json(env, *args)

@@ -18,6 +18,7 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim import build_connectors
 from costline.connectors.reclaim.slurm import Completed, SlurmReclaimer, run_command
 from costline.connectors.reclaim_ledger import RedisReclaimLedger
@@ -25,9 +26,10 @@ from costline.connectors.redis_apply import Applied, BatchWriter
 from costline.connectors.redis_keys import Calendar, slot_tag
 from costline.connectors.redis_state import RedisState
 from costline.rules.events import UtilizationEvent
+from costline.rules.ledger import Intake
 from costline.rules.loader import RuleSet, load_rule_text
 from costline.rules.prices import PriceBook
-from costline.rules.tally import Folder, Tally
+from costline.rules.tally import tally_of
 from costline.streams.settings import DEFAULT_PRICES
 from costline.streams.worker.reclaimer import Reclaimer
 from tests.integration.slurm import SlurmCluster, reclaim_redis_url, slurm, slurm_up
@@ -53,7 +55,7 @@ STEP_S = 10.0
 def ruleset(grace: str = "3s", action: str = "cancel", extra: str = "",
             mode: str = "live") -> RuleSet:
     return load_rule_text(RULES % {"grace": grace, "action": action, "extra": extra,
-                                   "mode": mode})
+                                   "mode": mode}, plugins=PLUGINS)
 
 
 @dataclass
@@ -61,7 +63,7 @@ class Feed:
     """Writes utilization samples into Redis the way the aggregation does."""
 
     writer: BatchWriter
-    folder: Folder
+    intake: Intake
     slot: str
     watermark: int = -1
     count: int = 0
@@ -77,8 +79,7 @@ class Feed:
                 resource_id=f"slurm/{job_id}", resource_type="gpu.h100", metric="gpu_util",
                 value=value, tags={"team": "pretrain", **tags}))
             t += STEP_S
-        tally = Tally()
-        self.folder.fold(tally, events)
+        tally = tally_of(self.intake.records(events).values())
         await self.writer.register_slots([self.slot])
         assert await self.writer.apply(self.slot, self.watermark, self.watermark + 1,
                                        tally) == Applied()
@@ -123,7 +124,7 @@ class Site:
 async def site(reclaim_redis_url: str, namespace: str) -> AsyncIterator[Site]:
     client = AsyncRedis.from_url(reclaim_redis_url)
     writer = BatchWriter(client, namespace, Calendar("UTC"), dedup_ttl=3600)
-    feed = Feed(writer, Folder(PriceBook.load(DEFAULT_PRICES)), slot_tag(namespace, "usage", 0))
+    feed = Feed(writer, Intake(PriceBook.load(DEFAULT_PRICES), 1), slot_tag(namespace, 0))
     state = RedisState(Redis.from_url(reclaim_redis_url), namespace, "UTC")
     yield Site(reclaim_redis_url, namespace, client, feed, state)
     keys = [key async for key in client.scan_iter(match=f"*{namespace}*", count=1000)]

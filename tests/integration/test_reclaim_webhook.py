@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim.webhook import WebhookReclaimer
 from costline.connectors.reclaim_ledger import MemoryReclaimLedger
 from costline.rules.events import UtilizationEvent
@@ -150,7 +151,7 @@ rules:
     for: 10m
     reclaim: {{connector: webhook, grace: 1m, url: "{url}",
                secret_env: PLATFORM_RELEASE_SECRET, backoff: 1s}}
-""")
+""", plugins=PLUGINS)
     prices = PriceBook.load(DEFAULT_PRICES)
     state = InMemoryState(prices)
     t0 = time.time() - 20 * 60

@@ -228,7 +228,7 @@ async def test_first_buckets_are_read_in_full_when_their_changes_cannot_be_told(
         redis_writer: Writer, redis_url: str, namespace: str) -> None:
     growth = Growth(redis_url, namespace)
     state, client, writer = growth.state, growth.client, redis_writer.writer
-    slot = slot_tag(namespace, "usage", 0)
+    slot = slot_tag(namespace, 0)
     log, count, version = first_log_key(slot), first_count_key(slot), first_version_key(slot)
     both = [{"team": "a"}, {"team": "b"}]
 

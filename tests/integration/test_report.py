@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from costline.connectors.reclaim_ledger import RedisReclaimLedger
@@ -48,7 +47,6 @@ from tests.integration.streamkit import (
     Ledger,
     Worker,
     cli_json,
-    end_offsets,
     produce,
     run_cli,
     usage_event,
@@ -328,8 +326,7 @@ def test_report_of_a_real_pipeline_renders_in_chromium(
     for source, events in (("usage", usage_events), ("faults", fault_events)):
         topic = f"{kafka_namespace}.{source}.v1"
         produce(services.bootstrap, topic, _messages(events))
-        wait_caught_up(Redis.from_url(services.redis_url), kafka_namespace, source,
-                       end_offsets(services.bootstrap, topic), worker)
+        wait_caught_up(worker.env, worker)
     releases = asyncio.run(_record_releases(services.redis_url, kafka_namespace, now))
     start, end = period_bounds(now, "month", "UTC")
     per_team = usage.total("cost", ["team"], {"env": "prod"}, start, end)

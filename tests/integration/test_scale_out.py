@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from redis import Redis
 
 from costline.streams.settings import Settings
 from costline.streams.topics import create_topics
@@ -58,6 +57,10 @@ class Group:
     def topic(self) -> str:
         return f"{self.namespace}.usage.v1"
 
+    @property
+    def ledger(self) -> str:
+        return f"{self.namespace}.ledger.v1"
+
     def add(self) -> Worker:
         env = worker_env(self.namespace, self.services.bootstrap, self.services.redis_url,
                          COSTLINE_PARTITIONS=str(PARTITIONS))
@@ -87,8 +90,8 @@ def metrics(worker: Worker) -> str:
 
 
 def owned(worker: Worker, topic: str) -> set[int] | None:
-    """The input partitions a worker applies, from the labels of its consumer_lag series
-    (None while its web server is not up)."""
+    """The partitions of ``topic`` a worker applies, from the labels of its consumer_lag
+    series (None while its web server is not up)."""
     try:
         text = metrics(worker)
     except OSError:
@@ -105,7 +108,7 @@ def wait_split(group: Group, count: int, timeout: float = 60) -> list[set[int]]:
     while time.time() < deadline:
         live = group.live()
         assert len(live) == count, [w.log for w in group.workers if not w.alive()]
-        seen = [owned(w, group.topic) for w in live]
+        seen = [owned(w, group.ledger) for w in live]
         sets = [s for s in seen if s]
         if len(sets) == count and sum(map(len, sets)) == PARTITIONS and (
                 set().union(*sets) == set(range(PARTITIONS))):
@@ -182,8 +185,7 @@ def test_workers_split_partitions_and_totals_stay_exact_through_rebalances(servi
 
     ends = end_offsets(services.bootstrap, group.topic)
     assert sorted(ends) == list(range(PARTITIONS))
-    wait_caught_up(Redis.from_url(services.redis_url), group.namespace, "usage", ends,
-                   timeout=60)
+    wait_caught_up(group.workers[0].env, timeout=60)
     assert all(figure(w, "events_total") > 0 for w in group.live())
     # and each remembers, for the partitions it owns now, tag sets it need not send again
     assert all(figure(w, "tagsets_known") > 0 for w in group.live())

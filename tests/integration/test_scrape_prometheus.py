@@ -148,7 +148,7 @@ def sent_events(worker: Worker, services: Any) -> list[dict[str, Any]]:
     ends = end_offsets(services.bootstrap, topic)
     redis = Redis.from_url(services.redis_url)
     try:
-        wait_caught_up(redis, namespace, "usage", ends, worker)
+        wait_caught_up(worker.env, worker)
     finally:
         redis.close()
     return [event for record in read_to_end(services.bootstrap, topic, ends)

@@ -24,7 +24,6 @@ from tests.conftest import unavailable
 from tests.integration.streamkit import (
     REPO,
     Worker,
-    end_offsets,
     read_all,
     rows_by_group,
     run_cli,
@@ -110,7 +109,7 @@ def test_a_running_job_is_counted_once_per_window_with_its_tags(
     topic = f"{namespace}.usage.v1"
     redis = Redis.from_url(services.redis_url)
     try:
-        wait_caught_up(redis, namespace, "usage", end_offsets(services.bootstrap, topic), worker)
+        wait_caught_up(worker.env, worker)
     finally:
         redis.close()
     mine = [event for record in read_all(services.bootstrap, topic, timeout_s=3)

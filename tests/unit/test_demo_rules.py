@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.loader import load_rules
 from costline.rules.prices import PriceBook
 from costline.streams.demo.run import (
@@ -29,7 +30,7 @@ THURSDAY = datetime(2026, 12, 3, 23, 16, tzinfo=UTC).timestamp()
 @pytest.mark.parametrize("live", [True, False])
 def test_the_demo_rules_load_with_or_without_slurm(tmp_path, live):
     demo = Demo(Settings(state_dir=tmp_path), days=1, use_running=False, keep=False, quiet=True)
-    rules = load_rules([demo._rules(live)], "UTC")
+    rules = load_rules([demo._rules(live)], "UTC", plugins=PLUGINS)
     idle = [rule for rule in rules if rule.kind == "idle" and rule.reclaim is not None]
     assert idle, "the shipped rules reclaim idle GPUs"
     for rule in idle:

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-import costline.connectors.reclaim  # noqa: F401 - the reclaim connectors' parameters are part of rules
+from costline.connectors.plugins import PLUGINS
 from costline.rules.kinds import KINDS
 from costline.rules.loader import RuleSet, RulesInvalid, load_rule_text, load_rules
 from costline.rules.prices import PriceBook
@@ -137,7 +137,7 @@ def data_mutants(draw: st.DrawFn) -> str:
 def check(text: str) -> RuleSet | RulesInvalid:
     """The loader's promise for one file: a whole valid set, or only well-placed problems."""
     try:
-        rules = load_rule_text(text, file=FILE)
+        rules = load_rule_text(text, file=FILE, plugins=PLUGINS)
     except RulesInvalid as invalid:
         check_problems(invalid, {FILE: text})
         return invalid
@@ -217,7 +217,7 @@ def test_a_directory_with_one_bad_file_loads_nothing_and_reports_all_its_problem
         good.write_text(SEEDS[good_name])
         bad.write_bytes(bad_text.encode())
         with pytest.raises(RulesInvalid) as caught:
-            load_rules([folder])
+            load_rules([folder], plugins=PLUGINS)
     texts = {str(good): SEEDS[good_name], str(bad): bad_text}
     check_problems(caught.value, texts)
     assert {problem(e) for e in alone.errors} <= {
@@ -235,7 +235,7 @@ def test_a_reload_with_a_bad_file_keeps_the_last_good_set_and_says_why(tmp_path)
     health = Health()
     source = RuleSource(tmp_path, "UTC", PriceBook.load(DEFAULT_PRICES), health)
     before = source.rules()
-    assert len(before) == sum(len(load_rule_text(t)) for t in SEEDS.values())
+    assert len(before) == sum(len(load_rule_text(t, plugins=PLUGINS)) for t in SEEDS.values())
     (tmp_path / "zz-broken.yaml").write_text(SEEDS["budgets.yaml"].replace("limit: 1500",
                                                                           "limit: [1500"))
     assert source.rules() is before
@@ -262,7 +262,7 @@ def test_a_file_over_the_size_limit_is_refused_before_parsing(tmp_path):
     path = tmp_path / "huge.yaml"
     path.write_text("rules: []\n" + "#" * MAX_BYTES)
     with pytest.raises(RulesInvalid) as caught:
-        within(HANG_GUARD_S, lambda: load_rules([path]))
+        within(HANG_GUARD_S, lambda: load_rules([path], plugins=PLUGINS))
     [error] = caught.value.errors
     assert (error.line, error.col) == (1, 1) and "larger than" in error.message
 
@@ -285,7 +285,7 @@ def test_a_python_tag_in_a_rule_or_price_file_is_refused_and_never_run(tmp_path,
     rules_file.write_text(text)
     prices_file.write_text(text.replace("rules:", "prices:"))
     with pytest.raises(RulesInvalid) as caught:
-        load_rules([rules_file])
+        load_rules([rules_file], plugins=PLUGINS)
     with pytest.raises(SourceInvalid):
         PriceBook.load(prices_file)
     assert not target.exists()
@@ -306,7 +306,7 @@ def billion_laughs(levels: int = 12) -> str:
 ], ids=["billion-laughs", "merge-key", "repeated-rule", "self-reference"])
 def test_aliases_are_refused_where_they_stand_without_being_expanded(text):
     with pytest.raises(RulesInvalid) as caught:
-        within(HANG_GUARD_S, lambda: load_rule_text(text, file=FILE))
+        within(HANG_GUARD_S, lambda: load_rule_text(text, file=FILE, plugins=PLUGINS))
     [error] = caught.value.errors
     assert error.message == "YAML aliases are not allowed"
     line = lines_of(text)[error.line - 1]
@@ -321,7 +321,7 @@ def test_nesting_past_the_limit_is_refused_at_its_position(opener, closer):
     else:
         text = "rules: " + opener * 200_000 + closer * 200_000 + "\n"
     with pytest.raises(RulesInvalid) as caught:
-        within(HANG_GUARD_S, lambda: load_rule_text(text, file=FILE))
+        within(HANG_GUARD_S, lambda: load_rule_text(text, file=FILE, plugins=PLUGINS))
     [error] = caught.value.errors
     assert error.message == f"nested deeper than {MAX_DEPTH} levels"
     check_problems(caught.value, {FILE: text})
@@ -330,7 +330,7 @@ def test_nesting_past_the_limit_is_refused_at_its_position(opener, closer):
 def test_nesting_up_to_the_limit_is_still_yaml():
     text = "rules: []\nx: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "\n"
     with pytest.raises(RulesInvalid) as caught:
-        load_rule_text(text, file=FILE)
+        load_rule_text(text, file=FILE, plugins=PLUGINS)
     assert [e.message for e in caught.value.errors] == [
         "x: Extra inputs are not permitted"]
 
@@ -344,7 +344,7 @@ def test_nesting_up_to_the_limit_is_still_yaml():
 ], ids=["top", "rule", "flow", "quoted", "number-and-text"])
 def test_duplicate_keys_are_refused_at_the_repeat(text, position):
     with pytest.raises(RulesInvalid) as caught:
-        load_rule_text(text, file=FILE)
+        load_rule_text(text, file=FILE, plugins=PLUGINS)
     [error] = caught.value.errors
     assert (error.line, error.col) == position and "duplicate key" in error.message
 
@@ -353,7 +353,7 @@ def test_duplicate_keys_are_refused_at_the_repeat(text, position):
 def test_an_expression_in_a_rule_is_refused_as_text_not_evaluated(limit):
     text = SEEDS["budgets.yaml"].replace("limit: 1500", f"limit: \"{limit}\"")
     with pytest.raises(RulesInvalid) as caught:
-        load_rule_text(text, file=FILE)
+        load_rule_text(text, file=FILE, plugins=PLUGINS)
     assert [e.message.split(":")[0] for e in caught.value.errors] == ["rules.1.limit"]
 
 

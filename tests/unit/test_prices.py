@@ -159,6 +159,31 @@ def test_a_stated_cost_overrides_the_price(book):
     assert book.charge(usage(quantity=8.0, cost=0)).cost_micro == 0
 
 
+@pytest.mark.parametrize("charge", ["credit", "refund", "adjustment"])
+def test_a_credit_refund_or_adjustment_may_be_negative(book, charge):
+    priced = book.charge(usage(quantity=0.0, cost=-12.345678, charge=charge))
+    assert priced.cost_micro == -12_345_678
+    assert priced.charge.value == charge
+
+
+@pytest.mark.parametrize("charge", [None, "usage", "tax", "purchase"])
+def test_a_negative_cost_of_metered_usage_a_tax_or_a_purchase_is_refused(book, charge):
+    changes: dict[str, object] = {"cost": -0.01}
+    if charge is not None:
+        changes["charge"] = charge
+    with pytest.raises(PricingError) as caught:
+        book.charge(usage(**changes))
+    assert caught.value.code == "negative_cost"
+    assert caught.value.reason.startswith(f"field cost: -0.01 is negative, but charge is "
+                                          f"{charge or 'usage'}")
+
+
+def test_a_negative_amount_is_bounded_like_a_positive_one(book):
+    with pytest.raises(PricingError) as caught:
+        book.charge(usage(cost=-2e9, charge="credit"))
+    assert caught.value.code == "out_of_range"
+
+
 def test_a_stated_category_overrides_the_book_but_billing_stays(book):
     charge = book.charge(usage(resource_type="gpu.h100.reserved", category="operations"))
     assert charge.category is Category.operations

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import costline.connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
+from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim import NotReclaimable, ReclaimConnector
 from costline.connectors.reclaim.slurm import SlurmParams
 from costline.connectors.reclaim_ledger import MemoryReclaimLedger
@@ -96,7 +96,7 @@ class World:
     """One rule, a few GPUs, a ledger, a reclaimer, and what reached the sink."""
 
     def __init__(self, extra: str = "", mode: str = "live") -> None:
-        self.rules = load_rule_text(RULES % {"extra": extra, "mode": mode})
+        self.rules = load_rule_text(RULES % {"extra": extra, "mode": mode}, plugins=PLUGINS)
         self.state = FakeState()
         self.now = T0
         self.ledger = MemoryReclaimLedger(clock=lambda: self.now)
@@ -176,7 +176,7 @@ async def test_switching_a_rule_to_dry_run_stops_its_planned_releases() -> None:
     world = World()
     world.idle("4211")
     await world.plan()
-    world.rules = load_rule_text(RULES % {"extra": "", "mode": "dry_run"})
+    world.rules = load_rule_text(RULES % {"extra": "", "mode": "dry_run"}, plugins=PLUGINS)
     await world.tick(DUE)
     assert world.slurm.released == [] and world.last("slurm/4211")["step"] == "skipped"
 

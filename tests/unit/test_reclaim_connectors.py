@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim import (
     RECLAIMERS,
     NotReclaimable,
@@ -21,7 +22,6 @@ from costline.connectors.reclaim.kubernetes import KubernetesParams, object_of
 from costline.connectors.reclaim.slurm import Completed, SlurmReclaimer, job_id_of, parse_job
 from costline.connectors.reclaim.webhook import WebhookReclaimer, body_of, sign
 from costline.rules.findings import ReclaimRequest
-from costline.rules.kinds.idle import CONNECTORS
 from costline.rules.loader import rules_json_schema
 from costline.rules.reclaim import Plan, make_plan
 from tests.unit.rulefiles.builders import T0
@@ -40,10 +40,11 @@ def plan_for(target: dict[str, str], **params: object) -> Plan:
 
 def test_every_reclaimer_is_a_rule_file_connector_with_its_own_parameters() -> None:
     assert sorted(RECLAIMERS) == ["dry_run", "kubernetes", "slurm", "webhook"]
+    assert PLUGINS.reclaimers is RECLAIMERS
     for name, cls in RECLAIMERS.items():
-        assert CONNECTORS[name] is cls.params_model
+        assert cls.name == name
         assert cls.params_model.model_config.get("extra") == "forbid"
-    options = rules_json_schema()["$defs"]["Reclaim"]["oneOf"]
+    options = rules_json_schema(PLUGINS)["$defs"]["Reclaim"]["oneOf"]
     slurm = next(o for o in options if o["properties"]["connector"]["const"] == "slurm")
     assert {"action", "job_id_tag", "approval", "max_per_hour", "max_percent"} <= set(
         slurm["properties"])

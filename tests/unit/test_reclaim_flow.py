@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-import costline.connectors.reclaim  # noqa: F401 - registers the connectors' parameter models
+from costline.connectors.plugins import PLUGINS
 from costline.rules.findings import ReclaimRequest
 from costline.rules.kinds.idle import IdleRule
 from costline.rules.loader import RulesInvalid, load_rule_text
@@ -14,7 +14,6 @@ from costline.rules.reclaim import (
     Go,
     Hold,
     Keep,
-    ReclaimParams,
     Safety,
     Skip,
     Tracked,
@@ -29,6 +28,7 @@ from costline.rules.reclaim import (
     target_change,
     verdict,
 )
+from costline.rules.reclaim_params import ReclaimParams
 from costline.rules.state import ResourceSamples
 from tests.unit.rulefiles.builders import MIN, T0, at, book
 
@@ -46,7 +46,7 @@ rules:
 
 
 def idle_rule(extra: str = "") -> IdleRule:
-    found = load_rule_text(RULE % extra).get("gpu-idle")
+    found = load_rule_text(RULE % extra, plugins=PLUGINS).get("gpu-idle")
     assert isinstance(found, IdleRule)
     return found
 

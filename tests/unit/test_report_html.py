@@ -298,7 +298,7 @@ def test_every_alert_pending_or_firing_is_listed_whatever_its_kind() -> None:
                     Decimal("230000"), Decimal("250000"), "forecast", unit="currency",
                     muted="silenced until 2026-11-20T16:00:00Z"),
         ActiveAlert("log-explosion", "log_explosion", {"job": "run-42"}, "pending", NOW - 60,
-                    Decimal("120"), Decimal("50"), "max_rate"),
+                    Decimal("120"), Decimal("50"), "max_rate", unit="currency_per_hour"),
     )
     section = dom(render(_report(alerts=alerts))).by_id("alerts")
     assert not section.all("details"), "in the open, not in a collapsed table"

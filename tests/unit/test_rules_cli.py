@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from costline.connectors.plugins import PLUGINS
+from costline.connectors.reclaim import RECLAIMERS
 from costline.rules.events import AnyEvent
+from costline.rules.kinds import KINDS
+from costline.rules.loader import rules_json_schema
 from costline.streams.cli import rules_cmd
 from costline.streams.cli.root import _register, app
 from tests.unit.rulefiles.builders import MIN, T0, sample, usage
@@ -51,6 +55,35 @@ def test_schema_prints_the_json_schema(run: CliRunner) -> None:
     schema = json.loads(out)
     assert schema["title"] == "costline rule file"
     assert "IdleRule" in schema["$defs"]
+
+
+def test_schema_is_the_one_the_loader_checks_against(run: CliRunner) -> None:
+    """Every connector with the parameters it takes where it runs (Kubernetes ``delete``,
+    Slurm's ``job_id_tag``, the common ``approval``), whatever the command imported."""
+    code, out = costline(run, "rules", "schema")
+    assert code == 0
+    schema = json.loads(out)
+    assert schema == rules_json_schema(PLUGINS)
+    options = {o["properties"]["connector"]["const"]: o["properties"]
+               for o in schema["$defs"]["Reclaim"]["oneOf"]}
+    assert options["kubernetes"]["action"]["enum"] == ["scale_to_zero", "delete"]
+    assert {"job_id_tag", "approval"} <= set(options["slurm"])
+
+
+def test_reference_is_docs_rules_md(run: CliRunner) -> None:
+    code, out = costline(run, "rules", "reference")
+    assert code == 0
+    assert out == (ROOT / "docs" / "RULES.md").read_text(), (
+        "docs/RULES.md is out of date: costline rules reference > docs/RULES.md")
+    for name in [*KINDS, *RECLAIMERS]:
+        assert f"### `{name}`" in out
+
+
+def test_validate_says_warn_at_is_a_list_of_fractions(run: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "budget.yaml"
+    path.write_text("rules:\n  - name: b\n    kind: budget\n    limit: 100\n    warn_at: 0.5\n")
+    assert costline(run, "rules", "validate", str(path)) == (
+        1, f"{path}:5:5: rules.0.warn_at: Input should be a list of fractions, e.g. [0.5, 0.8]\n")
 
 
 def test_the_shipped_rule_tests_pass(run: CliRunner) -> None:

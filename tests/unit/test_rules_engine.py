@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.alerts import FIELD_ORDER
 from costline.rules.engine import Engine, alert_id, group_hash
 from costline.rules.loader import RuleSet, load_rules
@@ -101,7 +102,7 @@ def test_silences_given_to_the_engine_mute_matching_alerts() -> None:
 def _busy_cluster() -> tuple[Engine, InMemoryState]:
     """The shipped rules and price book on a morning of a busy cluster."""
     prices = PriceBook.load(Path(__file__).parents[2] / "rules" / "prices" / "example.yaml")
-    engine = Engine.for_prices(load_rules([DEFINITIONS]), prices)
+    engine = Engine.for_prices(load_rules([DEFINITIONS], plugins=PLUGINS), prices)
     tags = "team=pretrain env=prod stage=pretrain project=llm-70b owner=alice"
     labels = dict(pair.split("=") for pair in tags.split())
     found = InMemoryState(prices)

@@ -7,9 +7,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.durations import rfc3339
-from costline.rules.kinds.idle import CONNECTORS, ConnectorParams, IdleRule, connector
+from costline.rules.kinds.idle import IdleRule
 from costline.rules.loader import RulesInvalid, load_rule_text
+from costline.rules.plugins import Plugins
+from costline.rules.reclaim_params import ReclaimParams
 from tests.unit.rulefiles.builders import MIN, T0, rule, sample, state
 
 IDLE: dict[str, Any] = {
@@ -113,21 +116,42 @@ def test_connector_parameters_are_checked_where_they_are_written() -> None:
         "    reclaim: {connector: slurm, action: reboot, nodes: 3}\n"
     )
     with pytest.raises(RulesInvalid) as caught:
-        load_rule_text(text, file="idle.yaml")
+        load_rule_text(text, file="idle.yaml", plugins=PLUGINS)
     assert [str(e) for e in caught.value.errors] == [
         "idle.yaml:6:33: rules.0.reclaim.action: Input should be 'cancel', 'requeue' or 'hold'",
         "idle.yaml:6:49: rules.0.reclaim.nodes: Extra inputs are not permitted",
     ]
 
 
-def test_a_reclamation_module_can_register_its_own_connector() -> None:
-    @connector("test_ipmi")
-    class IpmiParams(ConnectorParams):
-        power: str = "off"
+IPMI_RULE = (
+    "rules:\n"
+    "  - name: gpu-idle\n"
+    "    kind: idle\n"
+    "    below: 0.05\n"
+    "    for: 30m\n"
+    "    reclaim: {connector: %s, power: cycle}\n"
+)
 
-    try:
-        found = rule(**{**IDLE, "reclaim": {"connector": "test_ipmi", "power": "cycle"}})
-        assert isinstance(found, IdleRule) and found.reclaim is not None
-        assert found.reclaim.params == {"power": "cycle"}
-    finally:
-        del CONNECTORS["test_ipmi"]
+
+class IpmiParams(ReclaimParams):
+    power: str = "off"
+
+
+class Ipmi:
+    """A connector the loader is given, as the project's own connectors are."""
+
+    params_model = IpmiParams
+
+
+def test_the_connectors_are_the_ones_the_loader_is_given() -> None:
+    [found] = load_rule_text(IPMI_RULE % "ipmi", plugins=Plugins(reclaimers={"ipmi": Ipmi}))
+    assert isinstance(found, IdleRule) and found.reclaim is not None
+    assert found.reclaim.params == {"power": "cycle"}
+    with pytest.raises(RulesInvalid, match=r"unknown connector 'ipmi' \(known: dry_run, "
+                       r"kubernetes, slurm, webhook\)"):
+        load_rule_text(IPMI_RULE % "ipmi", plugins=PLUGINS)
+
+
+def test_a_loader_given_no_connectors_knows_none() -> None:
+    with pytest.raises(RulesInvalid, match=r"unknown connector 'slurm' \(known: none\)"):
+        load_rule_text((IPMI_RULE % "slurm").replace("power: cycle", "action: cancel"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import costline.connectors.reclaim  # noqa: F401 - idle rules' reclaim parameters
+from costline.connectors.plugins import PLUGINS
 from costline.rules.alerts import AlertBook
 from costline.rules.engine import Engine
 from costline.rules.events import Parsed, parse_message
@@ -64,7 +64,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     """The shipped rules as the demo runs them (dry run, time compressed)."""
     demo = Demo(Settings(state_dir=tmp_path_factory.mktemp("demo")), days=DAYS,
                 use_running=False, keep=False, quiet=True)
-    return Engine.for_prices(load_rules([demo._rules(live=False)], "UTC"), PRICES)
+    return Engine.for_prices(load_rules([demo._rules(live=False)], "UTC", plugins=PLUGINS),
+                             PRICES)
 
 
 @pytest.mark.parametrize("now", ANY_DAY.values(), ids=ANY_DAY.keys())

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-import costline.connectors.reclaim  # noqa: F401 - registers the reclaim keys (approval) idle rules use
 from costline.connectors.slack_render import AlertChange, message_for, render_change_reply
 from costline.connectors.slack_sender import SlackNotifier
 from costline.connectors.slack_server import block_errors

@@ -6,9 +6,11 @@ import itertools
 from datetime import UTC, datetime
 from typing import Any
 
+from costline.connectors.plugins import PLUGINS
 from costline.rules.events import FaultEvent, FaultType, UsageEvent, UtilizationEvent
 from costline.rules.kinds import KINDS, Rule
 from costline.rules.memory_state import InMemoryState
+from costline.rules.plugins import CONTEXT_KEY
 from costline.rules.prices import Price, PriceBook, PriceBookModel
 
 _ids = itertools.count()
@@ -108,8 +110,9 @@ def state(*events: Any) -> InMemoryState:
 
 def rule(default_zone: str = "UTC", **keys: Any) -> Rule:
     """A validated rule from keyword keys (``for_`` stands for ``for``); ``default_zone`` is
-    the configured time zone."""
+    the configured time zone. ``reclaim`` may name any of the project's connectors."""
     if "for_" in keys:
         keys["for"] = keys.pop("for_")
     keys.setdefault("name", f"test-{keys['kind'].replace('_', '-')}")
-    return KINDS[keys["kind"]].model_validate(keys, context={"timezone": default_zone})
+    context = {"timezone": default_zone, CONTEXT_KEY: PLUGINS}
+    return KINDS[keys["kind"]].model_validate(keys, context=context)

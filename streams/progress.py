@@ -1,0 +1,63 @@
+"""How much of a namespace's input is not counted yet.
+
+An input message is counted once intake has sent its events to the ledger (Faust then commits
+its offset, after the ledger has them) and every ledger record up to those is applied to
+Redis (each home partition's watermark). Tests, benchmarks and operators ask this to know that
+what was produced is in ``costline spend``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis import Redis
+
+from costline.connectors.kafka import admin, consumer
+from costline.connectors.redis_keys import slot_tag, wm_key
+from costline.streams.settings import Settings
+from costline.streams.topics import INPUTS, LEDGER
+
+
+@dataclass(frozen=True)
+class Behind:
+    inputs: int  # input messages intake has not committed
+    ledger: int  # ledger records not applied to Redis
+
+    @property
+    def counted(self) -> bool:
+        return self.inputs == 0 and self.ledger == 0
+
+
+def behind(settings: Settings, redis: Redis) -> Behind:
+    """Input first, then the ledger: a ledger end read after intake committed everything holds
+    every record that input made."""
+    security = settings.kafka_security()
+    kafka = consumer(settings.kafka_bootstrap, security=security)
+    manager = admin(settings.kafka_bootstrap, security=security)
+    try:
+        from kafka import TopicPartition
+
+        inputs = [TopicPartition(settings.topic(name), p) for name in INPUTS
+                  for p in kafka.partitions_for_topic(settings.topic(name)) or ()]
+        ends = kafka.end_offsets(inputs) if inputs else {}
+        group = f"{settings.namespace}-aggregator"
+        committed = manager.list_group_offsets({group: inputs}).get(group, {}) if inputs else {}
+        waiting = sum(max(0, end - _offset(committed.get(tp))) for tp, end in ends.items())
+        ledger = [TopicPartition(settings.topic(LEDGER), p)
+                  for p in kafka.partitions_for_topic(settings.topic(LEDGER)) or ()]
+        ledger_ends = kafka.end_offsets(ledger) if ledger else {}
+    finally:
+        kafka.close()
+        manager.close()
+    unapplied = 0
+    for tp, end in ledger_ends.items():
+        raw = redis.get(wm_key(slot_tag(settings.namespace, tp.partition)))
+        applied = -1 if raw is None else int(raw)
+        unapplied += max(0, end - applied - 1)
+    return Behind(waiting, unapplied)
+
+
+def _offset(committed: object) -> int:
+    """A committed offset as kafka-python gives it (an ``OffsetAndMetadata``, or nothing)."""
+    offset = getattr(committed, "offset", None)
+    return offset if isinstance(offset, int) and offset >= 0 else 0
