@@ -40,9 +40,8 @@ class FirstsLogSize:
     """How much of the log of first-bucket changes (``S:first:log``) a slot keeps: its last
     ``entries`` entries, as long as they name at most ``named`` tag sets in all; a write that
     changes more than that is logged as "read them all". The log fills up to that and stays
-    there: 761–784 KB a slot naming ~25,000 tag sets (``MEMORY USAGE ... SAMPLES 0`` after
-    ``bench/stages.py``'s 100,000 tag sets on 4 partitions), so about 1.6 MB at 50,000. A
-    reader that falls further behind reads in full."""
+    there (about 30 bytes a tag set it names: under 2 MB a slot). A reader that falls further
+    behind reads in full."""
 
     entries: int = 10_000
     named: int = 50_000

@@ -9,6 +9,7 @@ what was produced is in ``costline spend``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from redis import Redis
 
@@ -40,8 +41,7 @@ def behind(settings: Settings, redis: Redis) -> Behind:
         inputs = [TopicPartition(settings.topic(name), p) for name in INPUTS
                   for p in kafka.partitions_for_topic(settings.topic(name)) or ()]
         ends = kafka.end_offsets(inputs) if inputs else {}
-        group = f"{settings.namespace}-aggregator"
-        committed = manager.list_group_offsets({group: inputs}).get(group, {}) if inputs else {}
+        committed = _committed(manager, f"{settings.namespace}-aggregator", inputs)
         waiting = sum(max(0, end - _offset(committed.get(tp))) for tp, end in ends.items())
         ledger = [TopicPartition(settings.topic(LEDGER), p)
                   for p in kafka.partitions_for_topic(settings.topic(LEDGER)) or ()]
@@ -55,6 +55,20 @@ def behind(settings: Settings, redis: Redis) -> Behind:
         applied = -1 if raw is None else int(raw)
         unapplied += max(0, end - applied - 1)
     return Behind(waiting, unapplied)
+
+
+def _committed(manager: Any, group: str, partitions: list[Any]) -> dict[Any, Any]:
+    """The group's committed offsets; none while its coordinator is not ready yet (a young
+    broker creating its offsets topic): nothing counts as committed then."""
+    from kafka.errors import CoordinatorNotAvailableError, NotCoordinatorError
+
+    if not partitions:
+        return {}
+    try:
+        found: dict[Any, Any] = manager.list_group_offsets({group: partitions}).get(group, {})
+    except (CoordinatorNotAvailableError, NotCoordinatorError):
+        return {}
+    return found
 
 
 def _offset(committed: object) -> int:

@@ -121,19 +121,19 @@ class Settings(BaseSettings):
         "leaves (0: the worker's own priority)"
     )
     folding: Literal["process", "inline"] = Field(
-        "process", description="where the aggregation parses, prices and folds messages: in "
-        "the worker's process, or in child processes beside it, so the worker's process only "
-        "moves messages and writes Redis (one worker then uses more than one core)"
+        "process", description="where intake parses and prices input messages: in child "
+        "processes beside the worker's (one worker then uses more than one core), or in the "
+        "worker's own process"
     )
     batch_within_s: float = Field(
         0.2, gt=0, description="longest wait for a batch to fill before it is applied"
     )
     window_events: int = Field(
-        10_000, ge=1, description="most events of one partition folded together while its "
-        "previous Redis write is in flight (bigger: fewer, cheaper writes; more memory)"
+        10_000, ge=1, description="most events of one ledger partition folded together while "
+        "its previous Redis write is in flight (bigger: fewer, cheaper writes; more memory)"
     )
     window_linger_s: float = Field(
-        0.05, ge=0, description="how long a window waits for more messages before it is "
+        0.05, ge=0, description="how long a window waits for more ledger records before it is "
         "written (fewer, larger Redis writes under load; that much more latency)"
     )
     unwritten_events: int = Field(
@@ -141,17 +141,12 @@ class Settings(BaseSettings):
         "Redis over all its partitions (bounds its memory however many partitions it owns)"
     )
     folding_processes: int = Field(
-        2, ge=1, le=16, description="folding processes of a worker (COSTLINE_FOLDING=process): "
-        "a take goes to the next one only while those before it are behind, so the second "
-        "folds when the first cannot keep up (each holds ~40-100 MiB)"
+        2, ge=1, le=16, description="pricing processes of a worker (COSTLINE_FOLDING=process), "
+        "started as takes need them"
     )
     folding_takes: int = Field(
-        4, ge=1, le=64, description="takes of messages the worker leaves with its folding "
-        "processes (in all) while it takes more (more: they idle less, more messages held)"
-    )
-    poll_bytes: int = Field(
-        32 * 1024 * 1024, ge=64 * 1024, description="about how many bytes of messages one "
-        "poll of the Kafka client turns into messages for the agent, over all partitions"
+        4, ge=1, le=64, description="takes of input messages being priced or delivered at once "
+        "(more: the pricing processes idle less; more messages held)"
     )
     fetch_bytes: int = Field(
         1024 * 1024, ge=64 * 1024, description="most compressed bytes fetched ahead per "

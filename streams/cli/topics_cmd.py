@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         partitions: int | None = typer.Option(
             None, min=1, max=1024,
             # In parentheses: the help is Rich markup, where "[...]" would vanish as a tag.
-            help="Partitions of the usage and faults topics (default: the partitions setting).",
+            help="Partitions of the usage, faults and ledger topics (default: the partitions "
+            "setting).",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print created/existing as JSON."),
     ) -> None:

@@ -18,6 +18,7 @@ from costline.streams.settings import Settings
 from costline.streams.stack.maven import ensure_kafka_jars
 from costline.streams.stack.process import ProcessRecord, is_running, read_record
 from tests.conftest import unavailable
+from tests.integration.redis_stores import redis_store  # noqa: F401 - a fixture
 from tests.integration.redis_writer import redis_writer  # noqa: F401 - a fixture
 
 HERE = Path(__file__).parent

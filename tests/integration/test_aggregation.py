@@ -427,3 +427,23 @@ def test_lost_redis_state_is_rebuilt_from_kafka(services, worker, namespace):
     report = spend_json(worker.env, "--period", "day", "--at", AT, "--by", "team")
     assert rows_by_group(report, ("team",), "cost") == ledger.total(
         "cost", ("team",), {}, DAY, DAY + 86400)
+
+
+@pytest.mark.parametrize("folding", ["pool"])
+def test_sigterm_to_the_process_group_stops_everything_without_an_error(
+        services, worker, namespace):
+    produce(services.bootstrap, f"{namespace}.usage.v1", _stream(seed=9, n=3000)[0])
+    wait_caught_up(worker.env, worker)  # the pricing processes and the evaluation have run
+    children = children_named(worker.proc.pid, "costline-pricer") + children_named(
+        worker.proc.pid, "costline-rules")
+    assert children, f"no child process; see {worker.log}"
+    os.killpg(worker.proc.pid, signal.SIGTERM)
+    assert worker.proc.wait(30) == 0
+    deadline = time.time() + 10
+    while alive := [c for c in children if Path(f"/proc/{c}").exists() and _state(c) != "Z"]:
+        assert time.time() < deadline, f"children {alive} outlived their worker"
+        time.sleep(0.1)
+    log = worker.log.read_text()
+    assert not [line for line in log.splitlines()
+                if any(word in line for word in ("ERROR", "CRITICAL", "Traceback"))], log[-3000:]
+    assert "starting a new one" not in log and "starting the pool again" not in log

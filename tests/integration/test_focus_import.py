@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis import Redis
 
 from costline.connectors.focus import missing_prices, price_book_lines
 from costline.rules.prices import PriceBook
@@ -26,7 +25,6 @@ from costline.streams.topics import create_topics
 from tests.integration.streamkit import (
     REPO,
     Worker,
-    end_offsets,
     rows_by_group,
     run_cli,
     spend_json,
@@ -93,13 +91,7 @@ def import_focus(worker: Worker, *args: str) -> dict[str, Any]:
 
 
 def caught_up(worker: Worker, services: Any) -> None:
-    namespace = worker.env["COSTLINE_NAMESPACE"]
-    topic = f"{namespace}.usage.v1"
-    redis = Redis.from_url(services.redis_url)
-    try:
-        wait_caught_up(redis, namespace, "usage", end_offsets(services.bootstrap, topic), worker)
-    finally:
-        redis.close()
+    wait_caught_up(worker.env, worker)
 
 
 def spend_by(worker: Worker, key: str) -> dict[tuple[str, ...], int]:

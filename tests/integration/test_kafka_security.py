@@ -367,7 +367,7 @@ def test_worker_aggregates_over_sasl_ssl_into_redis_over_tls(
     env = worker_env(namespace, broker.sasl_ssl, tls_redis.url(), **broker.env())
     created = costline(env, "topics", "create", "--json")
     assert created.returncode == 0, created.stderr
-    assert len(json.loads(created.stdout)["created"]) == 5
+    assert len(json.loads(created.stdout)["created"]) == 6  # inputs, ledger, outputs
 
     path, ledger = events_file(tmp_path, 400)
     sent = costline(env, "produce", "--batch", "20", "--json", str(path))
@@ -406,7 +406,7 @@ def test_every_protocol_and_mechanism_connects(broker: Broker, namespace: str, w
     done = costline(worker_env(namespace, bootstrap, "redis://127.0.0.1:1/0", **security),
                     "topics", "create", "--json")
     assert done.returncode == 0, done.stderr
-    assert len(json.loads(done.stdout)["created"]) == 5
+    assert len(json.loads(done.stdout)["created"]) == 6  # inputs, ledger, outputs
 
 
 def test_a_wrong_password_is_refused_clearly(broker: Broker, namespace: str,

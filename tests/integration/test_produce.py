@@ -190,7 +190,7 @@ def test_topics_create_twice_creates_once(kafka_bootstrap: str, kafka_namespace:
                      "--json")
     assert first.returncode == 0, first.stderr
     names = {f"{kafka_namespace}.{name}.v1" for name in
-             ("usage", "faults", "alerts", "actions", "dlq")}
+             ("usage", "faults", "ledger", "alerts", "actions", "dlq")}
     assert set(json.loads(first.stdout)["created"]) == names
     second = costline(kafka_bootstrap, kafka_namespace, "topics", "create", "--json")
     assert second.returncode == 0, second.stderr
@@ -203,3 +203,4 @@ def test_topics_create_twice_creates_once(kafka_bootstrap: str, kafka_namespace:
         client.close()
     assert sizes[f"{kafka_namespace}.usage.v1"] == 3
     assert sizes[f"{kafka_namespace}.faults.v1"] == 3
+    assert sizes[f"{kafka_namespace}.ledger.v1"] == 3

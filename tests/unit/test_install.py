@@ -1,0 +1,60 @@
+"""What ``pip install .`` installs: the ``costline`` namespace and nothing named ``rules``,
+``streams`` or ``connectors`` (names other packages use too)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                    "--quiet", "-w", str(out), str(ROOT)], check=True, timeout=300)
+    [built] = out.glob("costline-*.whl")
+    return built
+
+
+def test_the_wheel_holds_only_the_costline_namespace(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+        names = set(archive.namelist())
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"costline"}
+    # the data the code reads at run time travels with it
+    assert {"costline/connectors/apply_window.lua", "costline/rules/prices/example.yaml",
+            "costline/rules/definitions/budgets.yaml"} <= names
+
+
+def test_costline_imports_from_a_fresh_environment_and_rules_does_not(
+        wheel: Path, tmp_path: Path) -> None:
+    unpacked = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(unpacked)
+    fresh = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True)
+    [site] = (fresh / "lib").glob("python3*/site-packages")
+    # the wheel, and this environment's dependencies, as plain folders on the path: no
+    # editable install's import hook (a .pth of the dependencies' folder is not read)
+    (site / "costline_under_test.pth").write_text(
+        f"{unpacked}\n{sysconfig.get_paths()['purelib']}\n")
+    python = fresh / "bin" / "python"
+    probe = ("import importlib.util, sys\n"
+             "import costline.rules.events, costline.streams.cli.root, "
+             "costline.connectors.redis_apply\n"
+             "print(costline.rules.events.__file__)\n"
+             "print([n for n in ('rules', 'streams', 'connectors') "
+             "if importlib.util.find_spec(n) is not None])\n")
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    where, bare = done.stdout.splitlines()
+    assert where.startswith(str(unpacked))
+    assert bare == "[]"
