@@ -12,11 +12,10 @@ from rich.console import Console
 from costline.connectors.plugins import PLUGINS
 from costline.rules.loader import load_rules
 from costline.rules.prices import PriceBook
-from costline.streams.demo.run import (
-    Demo,
+from costline.streams.demo.run import Demo, compress
+from costline.streams.demo.summary import (
     alerts_table,
     amounts_table,
-    compress,
     period_words,
     reclamation,
     reclamation_text,

@@ -13,7 +13,7 @@ import pytest
 from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim import NotReclaimable, ReclaimConnector
 from costline.connectors.reclaim.slurm import SlurmParams
-from costline.connectors.reclaim_ledger import MemoryReclaimLedger
+from costline.connectors.reclaim_ledger_memory import MemoryReclaimLedger
 from costline.connectors.slack_actions import ActionRequest
 from costline.rules.findings import Finding, ReclaimRequest
 from costline.rules.loader import load_rule_text
