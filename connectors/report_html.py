@@ -5,8 +5,8 @@ opens from
 disk, prints, and can be mailed as an attachment: nothing is fetched (a Content-Security-Policy
 forbids it), nothing runs. Every chart is an ``<svg role="img">`` with a ``<title>`` and an
 ``aria-label``, followed by a ``<details>`` table of the same figures for screen readers and
-for copying. Amounts are exact six-place decimals of the micro-unit totals; only axis ticks
-are rounded.
+for copying. Amounts are shown as people read currency (``$1,804.92``, ``rules.money``); the
+exact six-place figures are ``costline spend --json``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from html import escape
 from zoneinfo import ZoneInfo
 
 from costline.rules.durations import rfc3339
-from costline.rules.prices import format_micro
+from costline.rules.money import figure_in, money_micro
 
 TOP_SPENDERS = 10
 """Bars per top-spender chart; the rest is summed into one table row."""
@@ -29,6 +29,9 @@ MAX_BUDGET_SERIES = 8
 LABEL_CHARS = 30
 """Longest bar label drawn in a chart; the full text is in the bar's tooltip and the table."""
 NO_VALUE = "(none)"
+SMALL_SHARE = 0.01
+"""A group whose spend is under this share of its budget chart's height is a flat line at the
+bottom: the chart says so and names it."""
 
 PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#7f3c8d", "#3b3b3b",
            "#a6761d")
@@ -110,13 +113,33 @@ class Ranking:
 
 @dataclass(frozen=True)
 class Release:
-    """An executed reclamation: when, by which rule, what, the idle hours and money saved."""
+    """A reclamation that ran: when, by which rule, what, the idle hours and money saved; a
+    dry run's touched nothing, and ``saved`` is what it would have saved."""
 
     at: float
     rule: str
     resource_id: str
     hours: Decimal | None
     saved: int
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class ActiveAlert:
+    """An alert pending or firing as the report is made, of any rule kind."""
+
+    rule: str
+    kind: str
+    labels: Mapping[str, str]
+    state: str
+    since: float
+    value: Decimal | None
+    threshold: Decimal | None
+    line: str
+    unit: str = "currency"
+    """What ``value`` and ``threshold`` measure (``currency``, ``fraction``, ``gb_hour``…)."""
+    muted: str = ""
+    """``silenced until …`` or ``muted by a fault until …`` when notifications are held."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +163,7 @@ class Report:
     waste: tuple[Amount, ...] = ()
     spenders: tuple[Ranking, ...] = ()
     releases: tuple[Release, ...] = ()
+    alerts: tuple[ActiveAlert, ...] = ()
 
 
 # ── the page ──────────────────────────────────────────────────────────────────────────────
@@ -150,6 +174,7 @@ def render(report: Report) -> str:
     body = "".join((
         _header(report),
         "<main>",
+        _alerts_section(report),
         _budget_section(report),
         _waste_section(report),
         _spenders_section(report),
@@ -205,6 +230,34 @@ def _section(anchor: str, heading: str, body: str) -> str:
                 _tag("h2", {"id": f"{anchor}-h"}, _text(heading)) + body)
 
 
+# ── alerts now ────────────────────────────────────────────────────────────────────────────
+
+
+def _alerts_section(report: Report) -> str:
+    """Every alert pending or firing, of every kind, in the open: an idle GPU or a log
+    explosion has no chart of its own, and a budget's state should not need a click."""
+    heading = "Alerts now"
+    if not report.alerts:
+        return _section("alerts", heading, _none("No alert is pending or firing."))
+    head = ("state", "rule", "group", "figure", "line", "since")
+    rows = [(_alert_state(alert), alert.rule, _group_label(alert.labels),
+             _alert_figure(alert, alert.value, report.currency),
+             f"{alert.line} {_alert_figure(alert, alert.threshold, report.currency)}".strip(),
+             _utc(alert.since))
+            for alert in report.alerts]
+    return _section("alerts", heading, _table(head, rows))
+
+
+def _alert_state(alert: ActiveAlert) -> str:
+    return f"{alert.state}, {alert.muted}" if alert.muted else alert.state
+
+
+def _alert_figure(alert: ActiveAlert, amount: Decimal | None, currency: str) -> str:
+    if amount is None:
+        return ""
+    return figure_in(amount, alert.unit or "currency", currency)
+
+
 # ── (1) budgets ───────────────────────────────────────────────────────────────────────────
 
 
@@ -224,15 +277,21 @@ def _budget_figure(chart: BudgetChart, currency: str) -> str:
     if not chart.groups:
         return _figure(caption, _none("No spend matches this rule in the period."))
     drawn = chart.groups[:MAX_BUDGET_SERIES]
-    note = ""
+    notes = []
     if len(chart.groups) > len(drawn):
-        note = _tag("p", {"class": "note"}, _text(
-            f"Showing the {len(drawn)} groups with the highest spend; all "
-            f"{len(chart.groups)} are in the table."))
+        notes.append(f"Showing the {len(drawn)} groups with the highest spend; all "
+                     f"{len(chart.groups)} are in the table.")
+    plot = _budget_plot(chart, drawn)
+    small = [group for group in drawn if _units(group.spent) < plot.y1 * SMALL_SHARE]
+    if small:
+        names = ", ".join(f"{_group_label(group.labels)} ({money_micro(group.spent, currency)})"
+                          for group in small)
+        notes.append(f"Too small to see against this chart's scale (to "
+                     f"{_compact(plot.y1)} {currency}), drawn along its foot: {names}.")
     return _figure(caption, "".join((
         _budget_svg(chart, drawn, currency),
         _legend(drawn),
-        note,
+        "".join(_tag("p", {"class": "note"}, _text(note)) for note in notes),
         _budget_table(chart, currency),
     )))
 
@@ -287,8 +346,10 @@ def _budget_plot(chart: BudgetChart, drawn: Sequence[BudgetGroup]) -> _Plot:
 
 def _budget_svg(chart: BudgetChart, drawn: Sequence[BudgetGroup], currency: str) -> str:
     plot = _budget_plot(chart, drawn)
+    forecasts = any(group.projection is not None for group in drawn)
     title = (f"Cumulative spend of {chart.rule} per group against its warning and budget "
-             f"lines, {currency}; dashed: forecast to the period end")
+             f"lines, {currency}" + ("; dashed: forecast to the period end" if forecasts
+                                     else ""))
     parts = [
         _y_axis(plot, currency),
         _time_axis(plot, chart.span),
@@ -414,25 +475,30 @@ def _midnight(day: date, tz: ZoneInfo) -> float:
 
 
 def _legend(drawn: Sequence[BudgetGroup]) -> str:
+    """One entry per drawn group with its alert state in words (``firing: warn_80``), and the
+    forecast's dash only when a forecast is drawn."""
     items = [
         _tag("li", {}, _tag("span", {"class": "swatch", "style": f"background:{colour}"}, "")
-             + _text(_group_label(group.labels)))
+             + _text(_group_label(group.labels))
+             + (_tag("strong", {"class": "state"}, _text(f" · {group.alert}"))
+                if group.alert else ""))
         for group, colour in zip(drawn, PALETTE, strict=False)
     ]
-    items.append(_tag("li", {}, _tag("span", {"class": "swatch dashed"}, "")
-                      + _text("forecast to the period end")))
-    return _tag("ul", {"class": "legend", "aria-hidden": "true"}, "".join(items))
+    if any(group.projection is not None for group in drawn):
+        items.append(_tag("li", {}, _tag("span", {"class": "swatch dashed"}, "")
+                          + _text("forecast to the period end")))
+    return _tag("ul", {"class": "legend"}, "".join(items))
 
 
 def _budget_table(chart: BudgetChart, currency: str) -> str:
     lines = " · ".join(f"{_line_words(line.name)} {_money(line.amount, currency)}"
                        for line in chart.lines)
     limit = chart.lines[-1].amount if chart.lines else 0
-    head = ("group", f"spent ({currency})", "of budget", f"forecast at period end ({currency})",
-            "crosses the budget line", "alert")
+    head = ("group", "spent", "of budget", "forecast at period end", "crosses the budget line",
+            "alert")
     rows = [
-        (_group_label(group.labels), format_micro(group.spent), _share(group.spent, limit),
-         format_micro(group.projection.value) if group.projection else "—",
+        (_group_label(group.labels), _money(group.spent, currency), _share(group.spent, limit),
+         _money(group.projection.value, currency) if group.projection else "—",
          _utc(group.projection.crosses_at) if group.projection and
          group.projection.crosses_at is not None else "—",
          group.alert or "—")
@@ -451,8 +517,8 @@ def _waste_section(report: Report) -> str:
     bars = [_Bar(item.label, item.amount, f"{_share(item.amount, spend)} of spend")
             for item in report.waste]
     title = f"Waste by fault type, {report.currency}, with its share of spend"
-    head = ("fault", f"waste ({report.currency})", "share of spend")
-    rows = [(item.label, format_micro(item.amount), _share(item.amount, spend))
+    head = ("fault", "waste", "share of spend")
+    rows = [(item.label, _money(item.amount, report.currency), _share(item.amount, spend))
             for item in report.waste]
     total = _money(report.totals.waste, report.currency)
     intro = _tag("p", {}, _text(
@@ -479,10 +545,10 @@ def _ranking_figure(ranking: Ranking, report: Report) -> str:
     spend = report.totals.spend
     bars = [_Bar(item.label or f"(no {ranking.key})", item.amount, _share(item.amount, spend))
             for item in ranking.top]
-    head = (ranking.key, f"spend ({report.currency})", "share of spend")
-    rows = [(bar.label, format_micro(bar.amount), bar.note) for bar in bars]
+    head = (ranking.key, "spend", "share of spend")
+    rows = [(bar.label, _money(bar.amount, report.currency), bar.note) for bar in bars]
     if ranking.rest_count:
-        rows.append((f"{ranking.rest_count} more", format_micro(ranking.rest_amount),
+        rows.append((f"{ranking.rest_count} more", _money(ranking.rest_amount, report.currency),
                      _share(ranking.rest_amount, spend)))
     return _figure(title, _bars_svg(title, bars, report.currency, "spenders")
                    + _details(f"Spend by {ranking.key}", "", head, rows))
@@ -492,32 +558,47 @@ def _ranking_figure(ranking: Ranking, report: Report) -> str:
 
 
 def _reclaim_section(report: Report) -> str:
-    heading = "Idle hours reclaimed"
+    heading = "Idle resources reclaimed"
     releases = report.releases
     if not releases:
         return _section("reclaimed", heading, _none(
-            "None yet: no idle resource was released in this period."))
+            "None yet: no idle resource was released in this period, not even as a dry run."))
     currency = report.currency
-    hours = sum((r.hours for r in releases if r.hours is not None), Decimal(0))
-    saved = sum(r.saved for r in releases)
-    intro = _tag("p", {}, _text(
-        f"{len(releases)} release(s), {_hours(hours)} idle hours reclaimed, "
-        f"{_money(saved, currency)} saved."))
+    done = [r for r in releases if not r.dry_run]
+    dry = [r for r in releases if r.dry_run]
+    said = []
+    if done:
+        said.append(f"{len(done)} release(s), {_hours(_idle_hours(done))} idle hours "
+                    f"reclaimed, {_money(sum(r.saved for r in done), currency)} saved.")
+    if dry:
+        said.append(f"{len(dry)} dry-run release(s) would have reclaimed "
+                    f"{_hours(_idle_hours(dry))} idle hours and saved "
+                    f"{_money(sum(r.saved for r in dry), currency)}; nothing was touched "
+                    "(mode: dry_run).")
+    intro = _tag("p", {}, _text(" ".join(said)))
     bars = _saved_by_rule(releases)
-    title = f"Money saved by reclamation per rule, {currency}"
-    head = ("released at", "rule", "resource", "idle hours", f"saved ({currency})")
-    rows = [(_utc(r.at), r.rule, r.resource_id, _hours(r.hours) if r.hours is not None else "—",
-             format_micro(r.saved)) for r in releases]
+    title = (f"Money saved by reclamation per rule (dry runs: what they would have saved), "
+             f"{currency}")
+    head = ("at", "rule", "resource", "how", "idle hours", "saved")
+    rows = [(_utc(r.at), r.rule, r.resource_id, "dry run" if r.dry_run else "released",
+             _hours(r.hours) if r.hours is not None else "—",
+             f"{_money(r.saved, currency)}{' (would have)' if r.dry_run else ''}")
+            for r in releases]
     return _section("reclaimed", heading, intro + _figure(title, _bars_svg(
-        title, bars, currency, "saved") + _details("Executed releases", "", head, rows)))
+        title, bars, currency, "saved") + _details("Releases", "", head, rows)))
+
+
+def _idle_hours(releases: Iterable[Release]) -> Decimal:
+    return sum((r.hours for r in releases if r.hours is not None), Decimal(0))
 
 
 def _saved_by_rule(releases: Iterable[Release]) -> list[_Bar]:
     saved: dict[str, int] = {}
     hours: dict[str, Decimal] = {}
     for release in releases:
-        saved[release.rule] = saved.get(release.rule, 0) + release.saved
-        hours[release.rule] = hours.get(release.rule, Decimal(0)) + (release.hours or 0)
+        rule = f"{release.rule} (dry run)" if release.dry_run else release.rule
+        saved[rule] = saved.get(rule, 0) + release.saved
+        hours[rule] = hours.get(rule, Decimal(0)) + (release.hours or 0)
     ranked = sorted(saved, key=lambda rule: (-saved[rule], rule))
     return [_Bar(rule, saved[rule], f"{_hours(hours[rule])} h") for rule in ranked]
 
@@ -550,7 +631,7 @@ def _bars_svg(title: str, bars: Sequence[_Bar], currency: str, kind: str) -> str
 def _bar_row(index: int, bar: _Bar, length: float, currency: str) -> str:
     y = 4 + index * BAR_ROW
     middle = f"{y + BAR_ROW / 2 - 2:.1f}"
-    value = f"{format_micro(bar.amount)} {currency}" + (f" ({bar.note})" if bar.note else "")
+    value = _money(bar.amount, currency) + (f" ({bar.note})" if bar.note else "")
     tip = f"{bar.label}: {value}"
     return "".join((
         _tag("text", {"class": "bar-label", "x": str(BAR_LABELS - 8), "y": middle,
@@ -586,13 +667,17 @@ def _figure(caption: str, body: str) -> str:
 
 def _details(summary: str, note: str, head: Sequence[str], rows: Iterable[Sequence[str]]
              ) -> str:
+    table = _table(head, rows, note)
+    return _tag("details", {}, _tag("summary", {}, _text(f"{summary} (table)")) + table)
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]], note: str = "") -> str:
     header = _tag("tr", {}, "".join(_tag("th", {"scope": "col"}, _text(h)) for h in head))
     body = "".join(
         _tag("tr", {}, "".join(_tag("td", {}, _text(cell)) for cell in row)) for row in rows
     )
     caption = _tag("caption", {}, _text(note)) if note else ""
-    table = _tag("table", {}, caption + _tag("thead", {}, header) + _tag("tbody", {}, body))
-    return _tag("details", {}, _tag("summary", {}, _text(f"{summary} (table)")) + table)
+    return _tag("table", {}, caption + _tag("thead", {}, header) + _tag("tbody", {}, body))
 
 
 def _none(message: str) -> str:
@@ -621,7 +706,7 @@ def _group_label(labels: Mapping[str, str]) -> str:
 
 
 def _money(micro: int, currency: str) -> str:
-    return f"{format_micro(micro)} {currency}"
+    return money_micro(micro, currency)
 
 
 def _units(micro: int) -> float:
@@ -696,6 +781,7 @@ svg.chart{display:block;width:100%;height:auto;max-width:760px;font-size:11px}
 .now{stroke:#8c959f;stroke-dasharray:1 3}
 .bar{fill:#0072b2}.waste .bar{fill:#d55e00}.saved .bar{fill:#009e73}
 .bar-label{fill:var(--ink)}.bar-value{fill:var(--muted);font-variant-numeric:tabular-nums}
+.legend .state{font-weight:600}
 .legend{list-style:none;display:flex;flex-wrap:wrap;gap:4px 16px;padding:0;margin:6px 0;
 font-size:13px}
 .swatch{display:inline-block;width:14px;height:4px;margin-right:6px;vertical-align:middle}

@@ -20,10 +20,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
 from costline.rules.kinds import KINDS, Presentation
+from costline.rules.money import figure_in, money, percent
 
 Block = dict[str, Any]
 
@@ -39,7 +40,6 @@ SEVERITY_EMOJI = {"info": ":information_source:", "warning": ":warning:",
                   "critical": ":rotating_light:"}
 STATE_EMOJI = {"resolved": ":white_check_mark:", "silenced": ":no_bell:",
                "pending": ":hourglass_flowing_sand:"}
-CURRENCY_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥"}
 BAR_CELLS = 10
 MAX_TOP = 5
 MAX_DIGEST_ITEMS = 40
@@ -233,20 +233,9 @@ def _reclaim(raw: Any) -> Reclaim | None:
 # ── formatting ────────────────────────────────────────────────────────────────────────────
 
 
-def money(amount: Decimal, currency: str) -> str:
-    """``$8,123.45``; sub-unit amounts keep enough digits not to read as zero."""
-    if amount != 0 and abs(amount) < 1:
-        digits = f"{amount.normalize():f}"
-        number = digits if len(digits) <= 8 else f"{amount:.4f}"
-    else:
-        number = f"{amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,}"
-    symbol = CURRENCY_SYMBOLS.get(currency)
-    return f"{symbol}{number}" if symbol else f"{number} {currency}"
-
-
-def percent(fraction: Decimal) -> str:
-    """A utilization fraction as a whole percentage: ``0.02`` → ``2%``."""
-    return f"{(fraction * 100).quantize(Decimal('1'), rounding=ROUND_HALF_UP)}%"
+MONEY_OR_SHARE = ("currency", "currency_per_hour", "fraction")
+"""Units whose alerts' rate per hour is money: spend, a spend rate, or an idle resource's cost
+while its utilization (a share) is the figure."""
 
 
 def unit_of(change: AlertChange) -> str:
@@ -255,14 +244,7 @@ def unit_of(change: AlertChange) -> str:
 
 def figure(change: AlertChange, amount: Decimal) -> str:
     """An amount in the unit the alert's kind measures."""
-    unit = unit_of(change)
-    if unit == "fraction":
-        return percent(amount)
-    if unit == "currency_per_hour":
-        return f"{money(amount, change.currency)}/h"
-    if unit == "currency":
-        return money(amount, change.currency)
-    return f"{amount.normalize():f} {unit}"
+    return figure_in(amount, unit_of(change), change.currency)
 
 
 def usage_bar(fraction: Decimal) -> str:
@@ -392,8 +374,14 @@ def _figure_section(change: AlertChange) -> Block:
 def _trend_section(change: AlertChange) -> Block | None:
     parts = []
     if change.rate_per_hour is not None:
-        rate = money(change.rate_per_hour, change.currency)
-        parts.append(f":chart_with_upwards_trend: Burning *{rate}/h*")
+        unit = unit_of(change)
+        if unit not in MONEY_OR_SHARE:
+            # figures in a price book unit (GB-hours of checkpoints): so is their rate
+            rate = figure_in(change.rate_per_hour, unit, change.currency)
+            parts.append(f":chart_with_upwards_trend: Rate *{rate}/h*")
+        else:
+            rate = money(change.rate_per_hour, change.currency)
+            parts.append(f":chart_with_upwards_trend: Burning *{rate}/h*")
     if change.forecast is not None:
         text = f":crystal_ball: Forecast *{figure(change, change.forecast.value)}* at period end"
         if change.forecast.crosses_at is not None:

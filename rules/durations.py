@@ -190,3 +190,27 @@ def parse_time(value: str | float | int | datetime) -> float:
     if moment.tzinfo is None:
         raise ValueError(f"time {value!s} has no offset; write it like 2026-11-30T08:00:00Z")
     return moment.timestamp()
+
+
+MOMENT_FORMS = ("RFC 3339 with an offset (2026-11-30T08:00:00Z), Unix seconds, now, today, "
+                "yesterday, or a time ago such as -2h or -7d")
+
+
+def parse_moment(text: str, now: float, zone: str) -> float:
+    """A moment as people ask for one on the command line: what ``parse_time`` reads, or
+    ``now``, ``today`` and ``yesterday`` (their local midnight in ``zone``: a moment inside
+    that day, week or month), or a time ago (``-2h``, ``-7d``)."""
+    word = text.strip().lower()
+    if word == "now":
+        return now
+    if word in ("today", "yesterday"):
+        day = datetime.fromtimestamp(now, ZoneInfo(zone)).date()
+        if word == "yesterday":
+            day -= timedelta(days=1)
+        return datetime.combine(day, time(), ZoneInfo(zone)).timestamp()
+    if word.startswith("-") and _DURATION.match(word[1:]):
+        return now - parse_duration(word[1:])
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time: write {MOMENT_FORMS}") from None

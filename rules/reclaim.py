@@ -229,6 +229,22 @@ def planned(plan: Plan, estimate: int) -> ActionRecord:
                         detail={"estimated_saving": format_micro(estimate)})
 
 
+def unplanned(plan: Plan, problem: Outcome) -> ActionRecord:
+    """The one record of a plan whose target cannot be identified (the resource names no
+    Slurm job, the job has ended): it ends as it is made, with nothing warned or waited for.
+
+    A live plan closes as the connector says (``skipped``, ``failed``). A dry run touches
+    nothing, so nothing failed: it is ``skipped``, and the reason says what a live run would
+    have met.
+    """
+    if plan.mode == "dry_run":
+        return ActionRecord(plan, "skipped", f"dry run, not planned: a live run could not "
+                            f"release it: {problem.reason}", plan.planned_at,
+                            detail=dict(problem.detail))
+    return ActionRecord(plan, problem.step, f"not planned: {problem.reason}", plan.planned_at,
+                        detail=dict(problem.detail))
+
+
 def warned(plan: Plan, now: float) -> ActionRecord:
     """The warning; sent late (the notifier was down), it still gives a full grace."""
     due = Tracked(plan, "warned", warned_at=now).due_at

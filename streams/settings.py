@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     rules_poll_s: float = Field(
         0.15, gt=0, description="how often the leader looks for new data to evaluate the rules on"
     )
+    reclaim_tick_s: float = Field(
+        5.0, gt=0, description="how often the leader advances reclamation plans: a release "
+        "happens within this long after its grace ends (each round reads the open plans)"
+    )
     evaluator: Literal["process", "inline"] = Field(
         "process", description="where the leader evaluates the rules: in a child process of "
         "its own (it never holds the aggregation's interpreter lock), or inline in the worker's "

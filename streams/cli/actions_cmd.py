@@ -35,12 +35,27 @@ def _with_ledger(ctx: typer.Context, use: Callable[[Any], Awaitable[T]]) -> T:
 
 
 def action_line(record: dict[str, Any]) -> str:
-    """One step for people: when, what, which resource, how, and why."""
-    saved = record.get("saved", "0.000000")
-    money = f" saved {saved} {record.get('currency', '')}" if saved != "0.000000" else ""
+    """One step for people: when, what, which resource, how, the money, and why."""
     return (f"{record.get('at', '?')} {record.get('step', '?'):<8} {record.get('rule', '?')} "
             f"{record.get('resource_id', '?')} via {record.get('connector', '?')} "
-            f"({record.get('mode', '?')}){money}: {record.get('reason', '')}")
+            f"({record.get('mode', '?')}){_saving(record)}: {record.get('reason', '')}")
+
+
+def _saving(record: dict[str, Any]) -> str:
+    """`` saved $12.34`` for a release, `` would save $12.34`` for a dry run's, else nothing."""
+    from decimal import Decimal, InvalidOperation
+
+    from costline.rules.money import money
+
+    currency = str(record.get("currency") or "")
+    for field, words in (("saved", "saved"), ("would_save", "would save")):
+        try:
+            amount = Decimal(str(record.get(field) or 0))
+        except InvalidOperation:
+            continue
+        if amount:
+            return f" {words} {money(amount, currency)}"
+    return ""
 
 
 def status_report(pause: Any, plans: list[Any], now: float) -> dict[str, Any]:

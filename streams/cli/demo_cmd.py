@@ -14,7 +14,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
         ctx: typer.Context,
-        days: int = typer.Option(10, help="Days of history to play (within this month)."),
+        days: int = typer.Option(10, min=1, max=60, help="Days of history to play, ending "
+                                 "now (the checkpoint growth is compared with the 7 days "
+                                 "before its 6-hour window: it needs 8 or more)."),
         use_running: bool = typer.Option(False, help="Use the Kafka and Redis of the current "
                                          "settings instead of starting the embedded stack."),
         keep: bool = typer.Option(False, help="Leave the stack running afterwards."),

@@ -34,7 +34,8 @@ from costline.connectors.focus import (
 )
 from costline.connectors.kafka import partition_of
 from costline.rules.events import MAX_BATCH, UsageEvent, UtilizationEvent, dump_event
-from costline.rules.prices import PriceBook, format_micro
+from costline.rules.money import money_micro
+from costline.rules.prices import PriceBook
 from costline.rules.yaml_source import SourceInvalid
 from costline.streams.cli import command_group
 from costline.streams.cli.produce_cmd import (
@@ -200,19 +201,24 @@ class ImportReport:
         }
 
     def print(self) -> None:
-        tally, money = self.tally, self.currency
+        """The summary for people (amounts as currency; ``--json`` has them exact)."""
+        tally = self.tally
+
+        def money(micro: int) -> str:
+            return money_micro(micro, self.currency)
+
         typer.echo(f"read {_count(tally.rows, 'row')} of {self.file} "
                    f"({self.basis.column}) in {self.seconds:.2f}s")
         if self.dry_run:
             typer.echo(f"dry run: would send {_count(tally.events, 'event')}, "
-                       f"{format_micro(tally.cost_micro)} {money}")
+                       f"{money(tally.cost_micro)}")
         else:
             typer.echo(f"sent {_count(self.sent.sent_events, 'event')} in "
                        f"{_count(self.sent.sent_messages, 'message')}: "
-                       f"{format_micro(tally.cost_micro)} {money}")
+                       f"{money(tally.cost_micro)}")
         for reason, rows in sorted(tally.skipped_rows.items()):
             typer.echo(f"  skipped {_count(rows, 'row')} ({reason.value}): "
-                       f"{format_micro(tally.skipped_micro[reason])} {money} not counted")
+                       f"{money(tally.skipped_micro[reason])} not counted")
         for name, number in sorted(self.warnings.items()):
             typer.echo(f"  warning: {name} × {number}")
         if self.sent.failed_messages:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from costline.connectors.report_html import (
     TOP_SPENDERS,
+    ActiveAlert,
     Amount,
     BudgetChart,
     BudgetGroup,
@@ -35,7 +36,7 @@ from costline.connectors.report_html import (
     Totals,
 )
 from costline.rules.alerts import AlertBook
-from costline.rules.durations import Period, parse_time, period_bounds
+from costline.rules.durations import Period, parse_time, period_bounds, rfc3339
 from costline.rules.engine import alert_id
 from costline.rules.kinds.budget import FORECAST_MIN_HISTORY_S, FORECAST_WINDOW_S, BudgetRule
 from costline.rules.loader import RuleSet
@@ -100,6 +101,7 @@ def build_report(sources: Sources, request: ReportRequest) -> Report:
         waste=waste,
         spenders=tuple(_ranking(state, key, start, upto) for key in request.by),
         releases=releases(sources.actions, sources.prices, start, end),
+        alerts=active_alerts(sources.alerts),
     )
 
 
@@ -283,7 +285,8 @@ def _alert_state(book: AlertBook, rule: BudgetRule, group: Group) -> str:
 
 def releases(actions: Iterable[Mapping[str, Any]], prices: PriceBook, start: float,
              end: float) -> tuple[Release, ...]:
-    """Executed releases in [start, end), oldest first.
+    """Releases in [start, end), oldest first: the executed ones, and the dry runs' (a
+    ``skipped`` step with the ``would_save`` of a release it did not make).
 
     Idle hours reclaimed = ``saved`` ÷ the resource's hourly cost (its type's price per
     unit-hour × its ``units`` tag), the hours ``saved`` was counted for; unknown when the
@@ -291,24 +294,57 @@ def releases(actions: Iterable[Mapping[str, Any]], prices: PriceBook, start: flo
     """
     found = []
     for record in actions:
-        if record.get("step") != "executed":
+        dry_run = record.get("step") == "skipped" and "would_save" in record
+        if record.get("step") != "executed" and not dry_run:
             continue
         try:
             at = parse_time(str(record.get("at", "")))
-            saved = to_micro(Decimal(str(record.get("saved", "0"))))
+            amount = record.get("would_save" if dry_run else "saved", "0")
+            saved = to_micro(Decimal(str(amount)))
         except (ValueError, InvalidOperation):
             continue
         if start <= at < end:
-            found.append(_release(record, at, saved, prices))
+            found.append(_release(record, at, saved, prices, dry_run))
     return tuple(sorted(found, key=lambda r: (r.at, r.resource_id)))
 
 
-def _release(record: Mapping[str, Any], at: float, saved: int, prices: PriceBook) -> Release:
+def _release(record: Mapping[str, Any], at: float, saved: int, prices: PriceBook,
+             dry_run: bool) -> Release:
     hourly = hourly_cost(prices, str(record.get("resource_type", "")),
                          dict(record.get("tags") or {}))
     hours = Decimal(saved) / Decimal(hourly) if hourly else None
     return Release(at=at, rule=str(record.get("rule", "?")),
-                   resource_id=str(record.get("resource_id", "?")), hours=hours, saved=saved)
+                   resource_id=str(record.get("resource_id", "?")), hours=hours, saved=saved,
+                   dry_run=dry_run)
+
+
+def active_alerts(book: AlertBook) -> tuple[ActiveAlert, ...]:
+    """Every alert pending or firing, firing first, then by rule and group."""
+    from costline.streams.cli.alerts_cmd import alert_unit
+
+    found = []
+    for alert in book.active():
+        payload = alert.payload
+        found.append(ActiveAlert(
+            rule=alert.rule, kind=str(payload.get("kind") or ""),
+            labels=dict(payload.get("group") or {}), state=alert.state, since=alert.since,
+            value=_decimal(payload.get("value")), threshold=_decimal(payload.get("threshold")),
+            line=str(payload.get("line") or ""), unit=alert_unit(payload),
+            muted=_muted(alert.mute.by, alert.mute.until) if alert.mute else ""))
+    return tuple(sorted(found, key=lambda a: (a.state != "firing", a.rule,
+                                              sorted(a.labels.items()))))
+
+
+def _muted(by: str, until: float) -> str:
+    how = "silenced" if by.startswith("silence:") else "muted by a fault"
+    return f"{how} until {rfc3339(until)}"
+
+
+def _decimal(value: Any) -> Decimal | None:
+    try:
+        return Decimal(str(value)) if value is not None else None
+    except InvalidOperation:
+        return None
 
 
 # ── the sources of a running installation ─────────────────────────────────────────────────

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, cast
 import typer
 
 from costline.streams.cli import command_group
+from costline.streams.cli.root import AT_HELP
 
 if TYPE_CHECKING:
     from costline.rules.durations import Period
@@ -23,17 +24,10 @@ def _period(period: str) -> Period:
     return cast("Period", period)
 
 
-def _moment(at: str | None) -> float:
-    from costline.rules.durations import parse_time
-
-    try:
-        return parse_time(at) if at is not None else time.time()
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--at") from exc
-
-
 def _keys(by: str) -> tuple[str, ...]:
-    keys = tuple(dict.fromkeys(key.strip() for key in by.split(",") if key.strip()))
+    from costline.streams.cli.spend_cmd import group_keys
+
+    keys = tuple(dict.fromkeys(group_keys(by)))
     if not keys:
         raise typer.BadParameter("name at least one key, e.g. team", param_hint="--by")
     return keys
@@ -56,21 +50,22 @@ def register(app: typer.Typer) -> None:
         html: Path = typer.Option(..., "--html", help="Write the page to this file ('-' for "
                                   "standard output)."),
         period: str = typer.Option("month", help="day, week or month."),
-        at: str | None = typer.Option(None, help="A moment inside the period (RFC 3339 or "
-                                      "Unix seconds); default now."),
-        by: str = typer.Option(DEFAULT_BY, help="Top spenders by these keys (tags, category, "
-                               "resource_type), comma-separated; one chart each."),
+        at: str | None = typer.Option(None, metavar="TIME", help=AT_HELP),
+        by: str = typer.Option(DEFAULT_BY, metavar="KEY,...", help="Top spenders by these "
+                               "keys (tags, category, resource_type), comma-separated; one "
+                               "chart each."),
     ) -> None:
         """A self-contained HTML report: spend against budgets, waste by fault type, top
         spenders and the idle hours reclaimed, for a day, week or month."""
         from costline.connectors.report_html import render
         from costline.rules.loader import RulesInvalid
         from costline.streams.cli.report import ReportRequest, gather
-        from costline.streams.cli.root import settings_of
+        from costline.streams.cli.root import moment, settings_of
 
         settings = settings_of(ctx)
-        request = ReportRequest(period=_period(period), at=_moment(at), now=time.time(),
-                                zone=settings.timezone, by=_keys(by))
+        now = time.time()
+        request = ReportRequest(period=_period(period), at=moment(at, now, settings.timezone),
+                                now=now, zone=settings.timezone, by=_keys(by))
         try:
             page = render(gather(settings, request))
         except RulesInvalid as exc:

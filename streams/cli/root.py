@@ -124,9 +124,10 @@ def settings_of(ctx: typer.Context) -> Settings:
 def _command_name(ctx: Any) -> str:
     """``costline reclaim status``, also when started as ``python -m costline.streams``."""
     names: list[str] = []
-    while ctx.parent is not None:
-        names.append(ctx.info_name or "")
-        ctx = ctx.parent
+    level: Any = ctx  # its parents are click's contexts, which typer may vendor
+    while level.parent is not None:
+        names.append(level.info_name or "")
+        level = level.parent
     return " ".join(["costline", *reversed(names)])
 
 
@@ -140,15 +141,34 @@ def zone_option(value: str | None) -> str | None:
         raise typer.BadParameter(str(exc)) from exc
 
 
+AT_HELP = ("A moment inside the period: RFC 3339 with an offset, Unix seconds, now, today, "
+           "yesterday, or a time ago such as -2h or -7d; default now.")
+
+
+def moment(at: str | None, now: float, zone: str) -> float:
+    """``--at``: the moment asked for (``costline.rules.durations.parse_moment``), or now; a
+    time that does not read is a usage error (exit 2) listing the forms that do."""
+    from costline.rules.durations import parse_moment
+
+    if at is None:
+        return now
+    try:
+        return parse_moment(at, now, zone)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--at") from exc
+
+
 _registered: list[bool] = []
 
 
 def _register() -> None:
     """Attach every command group, once. Imported late so ``costline --help`` stays fast."""
     from costline.streams import cli
+    from costline.streams.cli import placeholders
 
     if _registered:
         return
+    placeholders.install()
     for register in cli.load_all():
         register(app)
     _registered.append(True)

@@ -7,21 +7,30 @@ in CI and in an editor hook without Kafka or Redis.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from costline.connectors.plugins import PLUGINS
-from costline.rules.backtest import read_events, run_backtest
-from costline.rules.durations import parse_time
+from costline.rules.backtest import (
+    LONGEST_AFTER_S,
+    Progress,
+    Recording,
+    read_events,
+    replay_span,
+    run_backtest,
+)
+from costline.rules.durations import parse_time, rfc3339
 from costline.rules.engine import Engine
 from costline.rules.loader import load_rules, rule_files, rules_json_schema
 from costline.rules.memory_state import InMemoryState
 from costline.rules.prices import PriceBook
 from costline.rules.reference import reference_markdown
 from costline.rules.ruletest import RuleTestReport, run_rule_tests
-from costline.rules.yaml_source import SourceInvalid
+from costline.rules.yaml_source import SourceError, SourceInvalid
 from costline.streams.cli import command_group
 from costline.streams.cli.root import settings_of
 
@@ -37,15 +46,34 @@ rules_app = typer.Typer(
 def validate(
     ctx: typer.Context,
     paths: list[Path] = typer.Argument(..., help="Rule files or directories of them."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: valid, rules, files and "
+                                 "problems (file, line, column, message)."),
 ) -> None:
     """Exit 0 if every rule file is valid; else print FILE:LINE:COL: message per problem."""
     settings = settings_of(ctx)
     try:
         ruleset = load_rules(paths, settings.timezone, plugins=PLUGINS)
     except SourceInvalid as exc:
-        _problems(exc)
+        if not as_json:
+            _problems(exc)
+        typer.echo(json.dumps(validation(exc.errors), indent=2))
+        raise typer.Exit(1) from exc
     files = len(rule_files(paths))
+    if as_json:
+        typer.echo(json.dumps(validation([], len(ruleset), files), indent=2))
+        return
     typer.echo(f"ok: {_count(len(ruleset), 'rule')} in {_count(files, 'file')}")
+
+
+def validation(problems: list[SourceError], rules: int = 0, files: int = 0) -> dict[str, Any]:
+    """What ``rules validate --json`` prints: the verdict, what loaded, and every problem."""
+    return {
+        "valid": not problems,
+        "rules": rules,
+        "files": files,
+        "problems": [{"file": p.file, "line": p.line, "column": p.col, "message": p.message}
+                     for p in problems],
+    }
 
 
 @rules_app.command("schema")
@@ -82,11 +110,15 @@ def backtest(
     rules: Path = typer.Option(..., "--rules", help="Rule file or directory."),
     events: Path = typer.Option(..., "--events", help="Recorded events, JSON lines."),
     until: str | None = typer.Option(
-        None, "--until", help="Evaluate up to this time (RFC 3339); default: the last event."
+        None, "--until", help="Evaluate up to this time (RFC 3339), at most 31 days after "
+        "the last event; default: the last event."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the alert changes as JSON."),
 ) -> None:
-    """Show which alerts the rules would have raised on recorded events, and when."""
+    """Show which alerts the rules would have raised on recorded events, and when.
+
+    Lines the worker would refuse are reported on stderr as FILE:LINE: reason and left out.
+    """
     settings = settings_of(ctx)
     try:
         end = None if until is None else parse_time(until)
@@ -100,13 +132,19 @@ def backtest(
     except SourceInvalid as exc:
         _problems(exc)
     try:
-        recording = read_events(events)
+        recording = read_events(events, prices)
     except OSError as exc:
         typer.echo(f"{events}: cannot read: {exc.strerror}", err=True)
         raise typer.Exit(1) from exc
-    result = run_backtest(engine, InMemoryState(prices), recording.events, end)
-    for problem in [*recording.rejected, *result.rejected]:
-        typer.echo(f"skipped: {problem}", err=True)
+    for problem in recording.rejected:
+        typer.echo(problem, err=True)
+    if recording.rejected:
+        typer.echo(f"costline rules backtest: {_count(len(recording.rejected), 'line')} left out: "
+                   "the worker would refuse them", err=True)
+    _check_until(end, recording)
+    with _progress_bar() as progress:
+        result = run_backtest(engine, InMemoryState(prices), recording.events, end,
+                              progress=progress)
     if as_json:
         typer.echo(json.dumps(result.changes, indent=2))
         return
@@ -117,6 +155,34 @@ def backtest(
         f"{result.counted} events, {len(result.changes)} alert changes, "
         f"{fired} alert{'' if fired == 1 else 's'} fired"
     )
+
+
+def _check_until(until: float | None, recording: Recording) -> None:
+    span = replay_span(recording.events)
+    if until is None or span is None or until <= span[1] + LONGEST_AFTER_S:
+        return
+    raise typer.BadParameter(
+        f"{rfc3339(until)} is more than {LONGEST_AFTER_S // 86400} days after the last "
+        f"event ({rfc3339(span[1])})", param_hint="--until")
+
+
+@contextmanager
+def _progress_bar() -> Iterator[Progress]:
+    """A bar on stderr while the replay runs (only on a terminal: stdout stays the answer)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
+
+    console = Console(stderr=True)
+    with Bar(TextColumn("[bold]backtest[/]"), BarColumn(), MofNCompleteColumn(),
+             TextColumn("5-minute steps"), TimeRemainingColumn(),
+             console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("steps", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield advance
 
 
 def _count(n: int, noun: str) -> str:

@@ -9,12 +9,49 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 import typer
+from pydantic import TypeAdapter, ValidationError
 
+from costline.rules.events import TagKey
 from costline.rules.state import Measure, totals_each
 from costline.streams.cli import command_group
-from costline.streams.cli.root import zone_option
+from costline.streams.cli.root import AT_HELP, moment, zone_option
 
 PERIODS = ("day", "week", "month")
+
+
+_TAG_KEY = TypeAdapter(TagKey)
+
+
+def tag_key(key: str, hint: str) -> str:
+    """``key`` if an event could carry it as a tag key (pseudo-tags such as ``category`` are
+    of the same form); else a usage error, with the lower-case key to try when it is one."""
+    if _is_tag_key(key):
+        return key
+    lower = key.lower()
+    suggestion = f": did you mean {lower!r}?" if _is_tag_key(lower) else ""
+    raise typer.BadParameter(
+        f"{key!r} cannot be a tag key (tag keys are lower-case letters, digits and _, "
+        f"starting with a letter){suggestion}", param_hint=hint)
+
+
+def _is_tag_key(key: str) -> bool:
+    try:
+        _TAG_KEY.validate_python(key)
+    except ValidationError:
+        return False
+    return True
+
+
+def group_keys(by: str, hint: str = "--by") -> list[str]:
+    """``--by team,category`` → the keys, each one that could be a tag key."""
+    return [tag_key(key.strip(), hint) for key in by.split(",") if key.strip()]
+
+
+def absent_keys(report: Mapping[str, Any], by: Sequence[str]) -> list[str]:
+    """Keys of ``--by`` that no row of the report has a value for: no event of the period
+    carries them (a typo, or a tag the producers do not set)."""
+    rows = report["rows"]
+    return [key for key in by if rows and not any(row["group"].get(key) for row in rows)]
 
 
 def parse_filters(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -24,6 +61,7 @@ def parse_filters(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
     found: dict[str, tuple[str, ...]] = {}
     for pair in pairs:
         key, value = key_and_value(pair)
+        tag_key(key, "--where")
         if value not in found.get(key, ()):
             found[key] = (*found.get(key, ()), value)
     return found
@@ -125,11 +163,15 @@ class _Query:
 
 
 def _table(report: dict[str, Any], by: Sequence[str]) -> None:
+    from decimal import Decimal
+
     from rich.console import Console
     from rich.table import Table
 
-    period = report["period"]
-    table = Table(title=f"Spend {period['start']} → {period['end']} ({report['currency']})")
+    from costline.rules.money import money
+
+    period, currency = report["period"], report["currency"]
+    table = Table(title=f"Spend {period['start']} → {period['end']}")
     for key in by:
         table.add_column(key)
     table.add_column("cost", justify="right")
@@ -137,9 +179,17 @@ def _table(report: dict[str, Any], by: Sequence[str]) -> None:
     peaks = bool(report["rows"]) and "peak_hourly" in report["rows"][0]
     if peaks:
         table.add_column("peak/h", justify="right")
+    cost = waste = Decimal(0)
     for row in report["rows"]:
-        cells = [row["group"][key] or "—" for key in by] + [row["cost"], row["waste"]]
-        table.add_row(*cells, *([row["peak_hourly"]] if peaks else []))
+        cost, waste = cost + Decimal(row["cost"]), waste + Decimal(row["waste"])
+        cells = [row["group"][key] or "—" for key in by]
+        cells += [money(Decimal(row["cost"]), currency), money(Decimal(row["waste"]), currency)]
+        table.add_row(*cells, *([money(Decimal(row["peak_hourly"]), currency)] if peaks else []))
+    if by:
+        # A sum of hourly peaks is no one's peak: the total row leaves that column empty.
+        table.add_section()
+        table.add_row("total", *[""] * (len(by) - 1), money(cost, currency),
+                      money(waste, currency), *([""] if peaks else []), style="bold")
     Console().print(table)
 
 
@@ -148,14 +198,13 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def spend(
         ctx: typer.Context,
-        by: str = typer.Option("", help="Group by these keys (tags, category, resource_type, "
-                               "billing), comma-separated."),
-        where: list[str] = typer.Option([], help="KEY=VALUE filter (a * glob is allowed); "
-                                        "repeatable: different keys must all match, a key "
-                                        "given again matches any of its values."),
+        by: str = typer.Option("", metavar="KEY,...", help="Group by these keys (tags, "
+                               "category, resource_type, billing), comma-separated."),
+        where: list[str] = typer.Option([], metavar="KEY=VALUE", help="Filter (a * glob is "
+                                        "allowed); repeatable: different keys must all match, "
+                                        "a key given again matches any of its values."),
         period: str = typer.Option("month", help="day, week or month."),
-        at: str | None = typer.Option(None, help="A moment inside the period (RFC 3339 or "
-                                      "Unix seconds); default now."),
+        at: str | None = typer.Option(None, metavar="TIME", help=AT_HELP),
         zone: str | None = typer.Option(None, "--tz", callback=zone_option, help="Time zone "
                                         "of the period; default COSTLINE_TIMEZONE."),
         peaks: bool = typer.Option(False, help="Also give each group's peak hourly spend."),
@@ -166,26 +215,26 @@ def register(app: typer.Typer) -> None:
         """Spend and waste per group for a day, week or month."""
         from costline.connectors.redis_client import connect
         from costline.connectors.redis_state import RedisState
-        from costline.rules.durations import parse_time, period_bounds
+        from costline.rules.durations import period_bounds
         from costline.rules.prices import PriceBook
         from costline.streams.cli.root import settings_of
 
         settings = settings_of(ctx)
         if period not in PERIODS:
             raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
-        keys = [k.strip() for k in by.split(",") if k.strip()]
-        try:
-            moment = parse_time(at) if at is not None else time.time()
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--at") from exc
-        start, end = period_bounds(moment, period, zone or settings.timezone)  # type: ignore[arg-type]
+        keys = group_keys(by)
+        filters = parse_filters(where)
+        zone = zone or settings.timezone
+        start, end = period_bounds(moment(at, time.time(), zone), period, zone)  # type: ignore[arg-type]
         # A Redis that never answers ends the command with an error instead of hanging it.
         state = RedisState(connect(settings.redis_url, timeout_s=30), settings.namespace,
                            settings.timezone)
         currency = PriceBook.load(settings.prices).currency
-        report = spend_report(state, currency, keys, parse_filters(where), start, end,
-                              peaks)
+        report = spend_report(state, currency, keys, filters, start, end, peaks)
         _warn_if_short(state, start, end)
+        for key in absent_keys(report, keys):
+            typer.echo(f"costline spend: no event in this period carries the key {key!r}: "
+                       "its column is empty (—) in every row", err=True)
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:

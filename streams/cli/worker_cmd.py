@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
@@ -72,6 +74,38 @@ def claim_bucket_zone(settings: Settings) -> None:
         raise typer.Exit(2) from exc
 
 
+def web_port_problem(port: int) -> str | None:
+    """Why this worker could not listen on its HTTP port, or ``None`` when it can.
+
+    Tried before anything starts, as Faust's web server will bind it (every address, with
+    ``SO_REUSEADDR``): a port another worker holds ends the command with one line instead of
+    a traceback from inside Faust's start-up.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            why = "is in use (another worker?)" if exc.errno == errno.EADDRINUSE else \
+                f"cannot be opened: {exc.strerror}"
+            return (f"port {port} {why}: set COSTLINE_WEB_PORT (or costline --web-port) to a "
+                    "free port for this worker's /healthz, /metrics and /slack/actions")
+    return None
+
+
+def faust_worker(app: Any, loglevel: str, stdout: IO[str] | None = None) -> Any:
+    """Faust's worker for ``app``. Its start-up spinner draws with terminal escapes (hide the
+    cursor, backspace, show it again): on a terminal it is kept, in a log file it would be
+    noise, so there it is left out."""
+    import faust
+
+    out = sys.stdout if stdout is None else stdout
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, stdout=out)
+    if not out.isatty():
+        worker.spinner = None
+    return worker
+
+
 def _kafka_answers(bootstrap: str, security: KafkaSecurity) -> bool:
     from costline.connectors.kafka import KafkaUnavailable, api_versions
 
@@ -90,7 +124,6 @@ def register(app: typer.Typer) -> None:
         loglevel: str = typer.Option("info", help="debug, info, warning or error."),
     ) -> None:
         """Run the Faust stream processors (aggregation into Redis) until stopped."""
-        import faust
 
         from costline.connectors.kafka import KafkaLoginFailed
         from costline.streams.cli.root import settings_of
@@ -98,6 +131,10 @@ def register(app: typer.Typer) -> None:
         from costline.streams.worker.app import build_app
 
         settings = settings_of(ctx)
+        problem = web_port_problem(settings.web_port)
+        if problem is not None:
+            typer.echo(f"costline worker: {problem}", err=True)
+            raise typer.Exit(2)
         claim_bucket_zone(settings)
         try:
             _until_kafka_answers(settings.kafka_bootstrap, lambda: create_topics(settings))
@@ -109,7 +146,7 @@ def register(app: typer.Typer) -> None:
         logging.getLogger("costline").setLevel(loglevel.upper())
         started = time.monotonic()
         try:
-            faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+            faust_worker(app, loglevel).execute_from_commandline()
         except SystemExit as exit_:
             # Faust gives up when the broker vanishes while it starts: wait and start again.
             security = settings.kafka_security()

@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from costline.connectors.kafka_security import PLAINTEXT
+from costline.rules.durations import rfc3339
+from costline.rules.prices import PriceBook, format_micro
 from costline.streams.demo.scenario import DEV_BOXES, Scenario, training_cluster
+from costline.streams.demo.summary import print_summary, reclamation, span_text
 from costline.streams.settings import Settings
 
 KAFKA_SECURITY_VARIABLES = ("COSTLINE_KAFKA_SECURITY_", "COSTLINE_KAFKA_SASL_",
@@ -57,14 +59,17 @@ class Demo:
         with self._slurm_jobs() as jobs, self._services(bool(jobs)) as env, \
                 self._slack(env) as slack, self._worker(env) as worker:
             scenario = training_cluster(time.time(), days=self.days, slurm_jobs=jobs)
+            self.say(f"[bold]The story[/]: {self.days} days of a training cluster, "
+                     f"{span_text(scenario.start, scenario.now, self.settings.timezone)}:")
             for line in scenario.story:
                 self.say(f"  • {line}")
             self._play(env, scenario)
             self._wait_for_worker(env, worker)
             self._settle(env)
             releases = self._wait_for_releases(env)
-            summary = self._summary(env, slack)
-            summary["reclamation"] = _reclamation(releases, live=bool(jobs))
+            summary = self._summary(env, slack, scenario)
+            summary["reclamation"] = reclamation(releases, PriceBook.load(self.settings.prices),
+                                                 self.settings.timezone, live=bool(jobs))
         summary["seconds"] = round(time.time() - began, 1)
         if not self.quiet:
             self._print(summary)
@@ -93,8 +98,8 @@ class Demo:
                 subprocess.run(["scancel", *jobs.values()], capture_output=True, timeout=30)
 
     def _rules(self, live: bool) -> Path:
-        """The shipped rules, with idle reclamation's grace cut to 30 s so the demo can show
-        it (live only when the boxes are real Slurm jobs, else a dry run that names no job)."""
+        """The shipped rules as the demo runs them (``compress``), written to its state folder;
+        what was changed is said before the story is played."""
         from ruamel.yaml import YAML
 
         from costline.rules.loader import rule_files
@@ -103,16 +108,15 @@ class Demo:
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         yaml = YAML(typ="rt")
+        changes = []
         for source in rule_files([self.settings.rules]):
             document = yaml.load(source.read_text())
-            for rule in document.get("rules") or []:
-                if rule.get("kind") == "idle" and rule.get("reclaim"):
-                    rule["reclaim"]["grace"] = "30s"
-                    rule["mode"] = "live" if live else "dry_run"
-                    if not live:  # no Slurm job holds the boxes: nothing for slurm to name
-                        rule["reclaim"] = _dry_run_reclaim(rule["reclaim"])
+            changes += compress(document.get("rules") or [], live)
             with (target / source.name).open("w") as out:
                 yaml.dump(document, out)
+        if changes:
+            self.say("The demo plays days in about a minute, so what waits on the clock is "
+                     f"shortened: {'; '.join(changes)}.")
         return target
 
     @contextmanager
@@ -120,6 +124,7 @@ class Demo:
         env = dict(os.environ)
         env.update(COSTLINE_NAMESPACE=self.namespace, COSTLINE_WEB_PORT=str(_free_port()),
                    COSTLINE_PARTITIONS="4", COSTLINE_RULES_TICK_S="5",
+                   COSTLINE_RECLAIM_TICK_S="2",
                    COSTLINE_RULES=str(self._rules(live)),
                    COSTLINE_PRICES=str(self.settings.prices))
         if self.use_running:
@@ -203,21 +208,27 @@ class Demo:
     # -- the story ----------------------------------------------------------------------
 
     def _play(self, env: dict[str, str], scenario: Scenario) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
         from costline.connectors.kafka import producer
 
         out = producer(env["COSTLINE_KAFKA_BOOTSTRAP"], client_id="costline-demo",
                        security=self.kafka_security)
         usage, faults = f"{self.namespace}.usage.v1", f"{self.namespace}.faults.v1"
+        messages = [(usage, m) for m in scenario.usage] + [(faults, f) for f in scenario.faults]
         events = 0
-        for message in scenario.usage:
-            first = message[0] if isinstance(message, list) else message
-            out.send(usage, json.dumps(message).encode(), key=first["event_id"].encode())
-            events += len(message) if isinstance(message, list) else 1
-        for fault in scenario.faults:
-            out.send(faults, json.dumps(fault).encode(), key=fault["event_id"].encode())
-        out.flush(60)
+        bar = Progress(TextColumn("Playing the story into Kafka"), BarColumn(),
+                       MofNCompleteColumn(), TextColumn("messages"), console=console,
+                       transient=True, disable=self.quiet)
+        with bar:
+            for topic, message in bar.track(messages):
+                first = message[0] if isinstance(message, list) else message
+                out.send(topic, json.dumps(message).encode(), key=first["event_id"].encode())
+                events += len(message) if isinstance(message, list) else 1
+            out.flush(60)
         out.close()
-        self.say(f"Played {events:,} usage events and {len(scenario.faults)} faults.")
+        self.say(f"Played {events - len(scenario.faults):,} usage events and "
+                 f"{len(scenario.faults)} faults.")
 
     def _wait_for_worker(self, env: dict[str, str], worker: subprocess.Popen[bytes],
                          timeout: float = 180) -> None:
@@ -241,19 +252,25 @@ class Demo:
         raise RuntimeError("the worker did not catch up in time")
 
     def _settle(self, env: dict[str, str], quiet_for: float = 8.0, most: float = 45.0) -> None:
-        """Wait until the rules have had their say: no new alert change for ``quiet_for``."""
+        """Wait until the rules have had their say: nothing pending, and no new alert change
+        for ``quiet_for``."""
+        from costline.connectors.alert_store import AlertStore
         from costline.connectors.redis_client import connect
 
         redis = connect(env["COSTLINE_REDIS_URL"])
+        store = AlertStore(redis, self.namespace)
         key = f"{self.namespace}:alerts:book"
         last, changed, began = None, time.time(), time.time()
-        while time.time() - began < most:
-            book = redis.get(key)
-            if book != last:
-                last, changed = book, time.time()
-            elif book is not None and time.time() - changed > quiet_for:
-                return
-            time.sleep(0.5)
+        with console.status("The rules are evaluating what was counted…") if not self.quiet \
+                else _null():
+            while time.time() - began < most:
+                book = redis.get(key)
+                if book != last:
+                    last, changed = book, time.time()
+                elif book is not None and time.time() - changed > quiet_for and not any(
+                        alert.state == "pending" for alert in store.book().active()):
+                    return
+                time.sleep(0.5)
 
     def _wait_for_releases(self, env: dict[str, str], most: float = 90.0
                            ) -> list[dict[str, Any]]:
@@ -288,16 +305,18 @@ class Demo:
 
     # -- summary ------------------------------------------------------------------------
 
-    def _summary(self, env: dict[str, str], slack: Any) -> dict[str, Any]:
+    def _summary(self, env: dict[str, str], slack: Any, scenario: Scenario) -> dict[str, Any]:
+        """What the pipeline counted over the days played, read back the way ``costline
+        spend`` reads it, and the alerts the rules raised (each over its own period)."""
         from costline.connectors.alert_store import AlertStore
         from costline.connectors.redis_client import connect
         from costline.connectors.redis_state import RedisState
-        from costline.rules.prices import format_micro
         from costline.streams.cli.alerts_cmd import alert_rows
 
         redis = connect(env["COSTLINE_REDIS_URL"])
         state = RedisState(redis, self.namespace, self.settings.timezone)
-        start, end = time.time() - (self.days + 1) * 86400, time.time() + 3600
+        # Every event played lies in [start, now]; the end reaches through now's bucket.
+        start, end = scenario.start, scenario.now + 300
 
         def table(measure: str, by: list[str]) -> dict[str, str]:
             totals = state.totals(measure, {}, by, start, end)  # type: ignore[arg-type]
@@ -306,6 +325,9 @@ class Demo:
 
         return {
             "namespace": self.namespace,
+            "currency": PriceBook.load(self.settings.prices).currency,
+            "period": {"start": rfc3339(scenario.start), "end": rfc3339(scenario.now),
+                       "zone": self.settings.timezone},
             "spend_by_team": table("cost", ["team"]),
             "spend_by_category": table("cost", ["category"]),
             "fixed_vs_elastic": table("cost", ["billing"]),
@@ -315,34 +337,34 @@ class Demo:
         }
 
     def _print(self, summary: dict[str, Any]) -> None:
-        out = Console()
-        for title, key in [("Spend by team", "spend_by_team"),
-                           ("Spend by category", "spend_by_category"),
-                           ("Fixed vs elastic", "fixed_vs_elastic"),
-                           ("Waste by fault type", "waste_by_fault")]:
-            grid = Table(title=title)
-            grid.add_column("group")
-            grid.add_column("USD", justify="right")
-            for group, amount in summary[key].items():
-                grid.add_row(group, amount)
-            out.print(grid)
-        alerts = Table(title="Alerts")
-        for column in ("state", "rule", "group", "value", "line"):
-            alerts.add_column(column)
-        for row in summary["alerts"]:
-            group = ", ".join(f"{k}={v}" for k, v in row["group"].items())
-            alerts.add_row(row["state"], row["rule"], group, row["value"] or "",
-                           row["threshold"] or "")
-        out.print(alerts)
-        reclaim = summary.get("reclamation", {})
-        if reclaim:
-            verb = "released" if reclaim["live"] else "would release (dry run)"
-            out.print(f"Idle resources {verb}: {', '.join(reclaim['resources']) or 'none'} · "
-                      f"saved {reclaim['saved']} USD"
-                      + ("" if reclaim["live"] else f" (would save {reclaim['would_save']})"))
-        sent = summary["slack_messages"]
-        out.print(f"Slack messages posted: {sent if sent is not None else 'see Slack'} · "
-                  f"done in {summary['seconds']} s · namespace {summary['namespace']}")
+        print_summary(Console(), summary, self.days)
+
+
+def compress(rules: list[Any], live: bool) -> list[str]:
+    """Rewrite the shipped rules (YAML mappings, in place) for a demo that plays days in a
+    minute, and say what changed:
+
+    * idle reclamation waits a 30 s grace (live only when the boxes are real Slurm jobs, else
+      a dry run with the dry_run connector, which names no job);
+    * a rule's ``for`` — how long its condition must hold on the clock before the alert fires
+      — is 0s, as the data played already holds it for longer (the log burst lasts 40 minutes,
+      the checkpoints grow for hours). An idle rule's ``for`` is counted in its samples, not
+      on the clock, and is kept.
+    """
+    changes = []
+    for rule in rules:
+        name = rule.get("name")
+        if rule.get("kind") == "idle":
+            if rule.get("reclaim"):
+                changes.append(f"{name} grace {rule['reclaim'].get('grace', '15m')} → 30s")
+                rule["reclaim"]["grace"] = "30s"
+                rule["mode"] = "live" if live else "dry_run"
+                if not live:
+                    rule["reclaim"] = _dry_run_reclaim(rule["reclaim"])
+        elif rule.get("for") not in (None, "0s"):
+            changes.append(f"{name} for {rule['for']} → 0s")
+            rule["for"] = "0s"
+    return changes
 
 
 @contextmanager
@@ -364,18 +386,3 @@ def _quiet_ok(argv: list[str]) -> bool:
         return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def _reclamation(records: list[dict[str, Any]], live: bool) -> dict[str, Any]:
-    """What reclamation did: resources released and the money that saved (or would have)."""
-    from decimal import Decimal
-
-    executed = [r for r in records if r["step"] == "executed"]
-    dry = [r for r in records if r["step"] == "skipped" and "would_save" in r]
-    return {
-        "live": live,
-        "resources": sorted(r["resource_id"] for r in (executed if live else dry)),
-        "saved": str(sum((Decimal(r["saved"]) for r in executed), Decimal("0.000000"))),
-        "would_save": str(sum((Decimal(r["would_save"]) for r in dry), Decimal("0.000000"))),
-        "steps": len(records),
-    }

@@ -11,7 +11,9 @@ The figures follow public reports so the story is plausible, not invented:
 * Collective-communication timeouts (NCCL watchdog, default 10-30 min) stall every rank of a
   job before the job is restarted.
 
-Everything here is generated from a seed, so two runs tell the same story.
+Everything here is generated from a seed, so two runs tell the same story, and it is placed
+relative to ``now`` alone: the last ``days`` days, whatever the day of the month. Calendar
+budgets then see the part of those days that falls in their period.
 """
 
 from __future__ import annotations
@@ -52,18 +54,17 @@ def _hours(start: float, end: float) -> Iterator[float]:
 
 DEV_BOXES = [("dev-gpu-01", "erin", 0.01), ("dev-gpu-02", "farid", 0.02),
              ("dev-gpu-03", "gita", 0.0), ("dev-gpu-04", "hugo", 0.71)]
+GPUS_PER_BOX = 8
 FOCUS_SAMPLE = Path(__file__).parent / "data" / "focus" / "focus_1.0_sample_1000.csv"
 
 
 def training_cluster(now: float, days: int = 10, seed: int = 42,
                      slurm_jobs: dict[str, str] | None = None) -> Scenario:
-    """The last ``days`` days (bounded by this month's start) of a 512-GPU pre-training run,
-    post-training experiments, dev boxes (``slurm_jobs``: box → the Slurm job holding it),
-    logs, checkpoints and the cloud bill for the rest."""
+    """The last ``days`` days of a 512-GPU pre-training run, post-training experiments, dev
+    boxes (``slurm_jobs``: box → the Slurm job holding it), logs, checkpoints and the cloud
+    bill for the rest."""
     rng = random.Random(seed)
-    month_start = _month_start(now)
-    start = max(now - days * 86400, month_start)
-    scenario = Scenario(now=now, start=start)
+    scenario = Scenario(now=now, start=now - days * 86400)
     _pretraining(scenario, rng)
     _posttraining(scenario, rng)
     _dev_boxes(scenario, rng, slurm_jobs or {})
@@ -78,13 +79,6 @@ def _today(now: float, ago: float) -> float:
     after it: the day's fault-waste rule counts today, whatever the hour the demo runs at."""
     midnight = now - now % 86400
     return max(now - ago, min(midnight + 60, now - 30))
-
-
-def _month_start(now: float) -> float:
-    from datetime import UTC, datetime
-
-    moment = datetime.fromtimestamp(now, UTC)
-    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
 
 
 PRETRAIN = {"project": "llm-70b", "team": "pretrain", "env": "prod", "stage": "pretrain",
@@ -135,13 +129,14 @@ def _posttraining(s: Scenario, rng: random.Random) -> None:
 
 def _dev_boxes(s: Scenario, rng: random.Random, slurm_jobs: dict[str, str]) -> None:
     for box, owner, util in DEV_BOXES:
+        # ``units``: the accelerators the box holds, what a release's saving is counted for.
         tags = {"project": "sandbox", "team": "research", "env": "dev", "stage": "dev",
-                "owner": owner, "job": f"notebook-{owner}"}
+                "owner": owner, "job": f"notebook-{owner}", "units": str(GPUS_PER_BOX)}
         if box in slurm_jobs:
             tags["slurm_job_id"] = slurm_jobs[box]
         for hour in _hours(s.now - 14 * HOUR, s.now):
             s.usage.append(_usage(f"dev-{box}-{int(hour)}", hour, f"lab/{box}", "gpu.a100",
-                                  "gpu_hour", 8.0, tags))
+                                  "gpu_hour", float(GPUS_PER_BOX), tags))
         samples = []
         for minute in range(60, 0, -1):
             ts = s.now - minute * 60
@@ -151,7 +146,8 @@ def _dev_boxes(s: Scenario, rng: random.Random, slurm_jobs: dict[str, str]) -> N
                             "resource_type": "gpu.a100", "metric": "gpu_util",
                             "value": round(value, 4), "tags": tags})
         s.usage.append(samples)  # one scrape of the box: a batch message
-    s.story.append("dev boxes: three 8-GPU A100 boxes idle for the last hour, one busy")
+    s.story.append(f"dev boxes: three {GPUS_PER_BOX}-GPU A100 boxes idle for the last hour, "
+                   "one busy")
 
 
 def _logs(s: Scenario, rng: random.Random) -> None:
@@ -163,21 +159,34 @@ def _logs(s: Scenario, rng: random.Random) -> None:
     for minute in range(40, 0, -1):
         s.usage.append(_usage(f"log-burst-{minute}", s.now - minute * 60, "logging/cluster-a",
                               "logs.ingest", "gb", 4.0, tags))
-    s.story.append("logs: a debug flag left on multiplies run-42's log volume 100×")
+    s.story.append("logs: a debug flag left on 40 minutes ago: run-42 ingests 240 GB of logs "
+                   "an hour, 120× its usual 2 GB")
+
+
+CHECKPOINT_TB = 1.0
+RETENTION_BROKE_H = 12
 
 
 def _checkpoints(s: Scenario, rng: random.Random) -> None:
+    """Retention keeps the last 40 checkpoints of 1 TB, until a config change saves one every
+    6 minutes and keeps them all: checkpoint storage, measured in GB-hours per hour, grows
+    10 TB an hour. The growth rule compares the last 6 hours with the 7 days before: at least
+    2.5 times as much, at any minute of the hour (the last whole hour is the last counted)."""
     tags = {"project": "llm-70b", "team": "pretrain", "env": "prod", "stage": "pretrain"}
-    size_gb = 40_000.0
+    steady_gb = 40 * CHECKPOINT_TB * 1000
+    broke = s.now - RETENTION_BROKE_H * HOUR
     for hour in _hours(s.start, s.now):
         # The parallel file system is provisioned, not metered: fixed spend.
         s.usage.append(_usage(f"pfs-{int(hour)}", hour + 900, "lustre/scratch-a",
                               "storage.parallel_fs", "gb_hour", 250_000.0, tags))
-        recent = hour > s.now - 8 * HOUR
-        size_gb += 600.0 if recent else 40.0
+        kept_gb = steady_gb + rng.uniform(-500, 500)
+        if hour + 1800 > broke:
+            kept_gb = steady_gb + 10 * CHECKPOINT_TB * 1000 * (hour + 1800 - broke) / HOUR
         s.usage.append(_usage(f"ckpt-{int(hour)}", hour + 1800, "s3://ckpt/llm-70b",
-                              "storage.checkpoint", "gb_hour", round(size_gb, 1), tags))
-    s.story.append("checkpoints: retention misconfigured, storage grows 15× faster today")
+                              "storage.checkpoint", "gb_hour", round(kept_gb, 1), tags))
+    s.story.append(f"checkpoints: {RETENTION_BROKE_H} hours ago a config change began saving a "
+                   "1 TB checkpoint every 6 minutes and keeping them all: 40 TB kept became "
+                   f"{40 + 10 * RETENTION_BROKE_H} TB")
 
 
 def _cloud_bill(s: Scenario) -> None:

@@ -303,7 +303,7 @@ class Wiring:
         # spend within a fraction of a second; the evaluator decides whether to evaluate.
         self.every(self.settings.rules_poll_s, "evaluation", evaluate, on_leader=True)
         # Grace periods end, plans are re-verified and released with time alone.
-        self.every(15.0, "reclaim", reclaimer.tick, on_leader=True)
+        self.every(self.settings.reclaim_tick_s, "reclaim", reclaimer.tick, on_leader=True)
         return reclaimer
 
     def slack(self, evaluator: Evaluator, reclaimer: Reclaimer) -> None:

@@ -54,6 +54,7 @@ from costline.rules.reclaim import (
     samples_since,
     saving,
     unknown_outcome,
+    unplanned,
     verdict,
     warned,
 )
@@ -141,11 +142,12 @@ class Reclaimer:
         target, problem = await self._identify(request)
         hourly = hourly_cost(self._prices, request.resource_type, request.tags)
         plan = make_plan(request, rule_name, target, hourly, self._prices.currency, now)
+        if problem is not None:
+            await self._ledger.close_unplanned(plan, unplanned(plan, problem).to_dict(),
+                                               self._cooldown_s)
+            return
         estimate = saving(plan, plan.execute_at, self._timezone)
         if not await self._ledger.open(plan, planned(plan, estimate).to_dict()):
-            return
-        if problem is not None:
-            await self._close(Tracked(plan, "planned"), problem.step, problem.reason, now)
             return
         await self._warn(Tracked(plan, "planned"), now)
 

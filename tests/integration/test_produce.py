@@ -89,7 +89,7 @@ def test_events_come_back_exactly_as_written(
     lines = [line(usage("u-1")), line(utilization("m-1")), "", line(fault("f-1")),
              line(ready_batch), line(usage("u-2", 0.25))]
     second = write(tmp_path / "more.jsonl", [line(fault("f-2"))])
-    result = costline(kafka_bootstrap, kafka_namespace, "produce", "--json",
+    result = costline(kafka_bootstrap, kafka_namespace, "produce", "--batch", "1", "--json",
                       str(write(tmp_path / "events.jsonl", lines)), str(second))
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -114,7 +114,8 @@ def test_bad_lines_are_reported_by_line_number_and_not_sent(
     lines = [line(usage("u-1")), "{not json", line({"event_id": "x", "kind": "usage"}),
              line({**usage("u-k"), "kind": "invoice"}), line(bad_usage), line(usage("u-2"))]
     path = write(tmp_path / "mixed.jsonl", lines)
-    result = costline(kafka_bootstrap, kafka_namespace, "produce", "--json", str(path))
+    result = costline(kafka_bootstrap, kafka_namespace, "produce", "--batch", "1", "--json",
+                      str(path))
     assert result.returncode == 1
     summary = json.loads(result.stdout)
     assert [(r["file"], r["line"]) for r in summary["rejected"]] == [
@@ -137,13 +138,26 @@ def test_topic_option_rejects_events_of_the_other_topic(
     lines = [line(usage("u-1")), line(fault("f-1")), line([usage("u-2"), fault("f-2")])]
     path = write(tmp_path / "usage.jsonl", lines)
     result = costline(kafka_bootstrap, kafka_namespace, "produce", "--topic", "usage",
-                      "--json", str(path))
+                      "--batch", "1", "--json", str(path))
     assert result.returncode == 1
     rejected = json.loads(result.stdout)["rejected"]
     assert [(r["line"], r["code"]) for r in rejected] == [(2, "wrong_topic"), (3, "wrong_topic")]
     assert "event 1: kind 'fault'" in rejected[1]["reason"]
     got = read_topic(kafka_bootstrap, f"{kafka_namespace}.usage.v1", 1)
     assert [key for key, _ in got] == [b"u-1"]
+
+
+def test_events_are_sent_in_batches_unless_asked_otherwise(
+    kafka_bootstrap: str, kafka_namespace: str, tmp_path: Path,
+) -> None:
+    """46 events, as a new user's file had: far fewer messages than events by default."""
+    path = write(tmp_path / "many.jsonl", [line(usage(f"u-{n}")) for n in range(46)])
+    result = costline(kafka_bootstrap, kafka_namespace, "produce", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    partitions = partition_count(kafka_bootstrap, f"{kafka_namespace}.usage.v1")
+    assert summary["sent_events"] == 46
+    assert summary["sent_messages"] <= partitions
 
 
 def test_batch_groups_events_into_arrays_keyed_by_their_first_event(

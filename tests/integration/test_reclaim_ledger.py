@@ -130,6 +130,19 @@ async def test_closing_frees_the_resource_after_the_cooldown(
     assert await b.holder("gpu-idle", "slurm/2") == kept.plan_id
 
 
+async def test_an_unplanned_plan_is_one_record_holding_its_resource_for_the_cooldown(
+        ledgers: tuple[RedisReclaimLedger, ...]) -> None:
+    a, b = ledgers
+    found, other = plan("slurm/1"), plan("slurm/2")
+    assert await a.close_unplanned(found, record(found, "skipped"), 3600)
+    assert not await b.close_unplanned(found, record(found, "skipped"), 3600)
+    assert await a.close_unplanned(other, record(other, "failed"), 0)
+    assert await a.plans() == []
+    assert [r["step"] for r in await b.history()] == ["failed", "skipped"]
+    assert await b.holder("gpu-idle", "slurm/1") == found.plan_id
+    assert await b.holder("gpu-idle", "slurm/2") is None
+
+
 async def test_the_hourly_reservation_is_atomic(ledgers: tuple[RedisReclaimLedger, ...]
                                                 ) -> None:
     a, b = ledgers

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim.webhook import WebhookReclaimer
-from costline.connectors.reclaim_ledger import MemoryReclaimLedger
+from costline.connectors.reclaim_ledger_memory import MemoryReclaimLedger
 from costline.rules.events import UtilizationEvent
 from costline.rules.findings import ReclaimRequest
 from costline.rules.loader import load_rule_text

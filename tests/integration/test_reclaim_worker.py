@@ -81,3 +81,45 @@ def test_a_worker_killed_between_planned_and_executed_cancels_the_job_once(
         assert slurm.state(job) in ("gone", "COMPLETING", "CANCELLED")
     finally:
         worker.stop()
+
+
+DRY_RUN_RULES = """
+rules:
+  - name: idle-box
+    kind: idle
+    match: {resource_type: "gpu.*"}
+    group_by: [team]
+    metric: gpu_util
+    below: 0.05
+    for: 10m
+    reclaim: {connector: dry_run, grace: 5s}
+    mode: dry_run
+"""
+
+
+def test_a_short_grace_ends_within_one_reclaim_tick(services, kafka_namespace, tmp_path: Path):
+    """A 5 s grace was released 17 s after its warning when the timer ran every 15 s; with
+    COSTLINE_RECLAIM_TICK_S=1 the dry run's closing step follows the grace within a tick."""
+    from datetime import datetime
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(DRY_RUN_RULES)
+    env = worker_env(kafka_namespace, services.bootstrap, services.redis_url,
+                     COSTLINE_RULES=str(rules), COSTLINE_RULES_TICK_S="1",
+                     COSTLINE_RECLAIM_TICK_S="1")
+    create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=kafka_namespace,
+                           partitions=2))
+    worker = Worker(env, tmp_path / "worker.log")
+    worker.start()
+    try:
+        produce(services.bootstrap, f"{kafka_namespace}.usage.v1", _idle_samples("77"))
+        _wait_for(lambda: any(s["step"] == "skipped"
+                              for s in _steps(services.bootstrap, kafka_namespace)),
+                  90, "the dry run's closing step")
+        at = {s["step"]: datetime.fromisoformat(s["at"].replace("Z", "+00:00")).timestamp()
+              for s in _steps(services.bootstrap, kafka_namespace)}
+        # grace 5 s, then at most one 1 s tick; RFC 3339 times are whole seconds
+        assert 5 <= at["skipped"] - at["warned"] <= 5 + 1 + 1, at
+    finally:
+        worker.stop()
+    assert b"\x1b[" not in worker.log.read_bytes(), "terminal escapes in a log file"

@@ -2,7 +2,7 @@
 
 The worker folds a few hundred usage and fault events from Kafka into Redis and evaluates a
 budget rule; two releases are recorded in the reclamation ledger. The page must carry the
-exact totals an independent ledger computes, one chart per figure, and render in headless
+totals an independent ledger computes, one chart per figure, and render in headless
 Chromium (Debian's ``chromium`` package): the DOM Chromium builds holds the same charts, and
 a screenshot is taken (kept in the test's temporary folder).
 """
@@ -17,6 +17,7 @@ import struct
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,11 @@ from costline.connectors.reclaim_ledger import RedisReclaimLedger
 from costline.connectors.redis_client import connect_async
 from costline.rules.durations import period_bounds
 from costline.rules.findings import ReclaimRequest
+from costline.rules.money import money_micro
 from costline.rules.prices import format_micro
 from costline.rules.reclaim import (
     Outcome,
+    dry_run_record,
     hourly_cost,
     make_plan,
     outcome_record,
@@ -133,7 +136,8 @@ def _messages(events: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
 
 
 async def _record_releases(url: str, namespace: str, now: float) -> list[tuple[int, int]]:
-    """Two executed releases and one dry-run skip; (saved, hourly cost) of the releases."""
+    """Two executed releases and one dry run; (saved, hourly cost) of each, the dry run's
+    what it would have saved, last."""
     client = connect_async(url)
     ledger = RedisReclaimLedger(client, namespace)
     done = []
@@ -151,8 +155,10 @@ async def _record_releases(url: str, namespace: str, now: float) -> list[tuple[i
             assert await ledger.advance(plan.plan_id, "planned", "warned",
                                         warned(plan, now - 1800).to_dict(), now - 1800)
             if mode == "dry_run":
-                record = outcome_record(plan, Outcome("skipped", "dry run"), now - 60, 0)
+                would_save = saving(plan, now - 60, "UTC")
+                record = dry_run_record(plan, "cancel Slurm job 422", now - 60, would_save)
                 assert await ledger.close(plan.plan_id, "warned", record.to_dict(), 0)
+                done.append((would_save, hourly))
                 continue
             assert await ledger.claim(plan.plan_id, "test", now - 600) == "claimed"
             saved = saving(plan, now - 600, "UTC")
@@ -215,24 +221,28 @@ def _check_page(root: Node, usage: Ledger, faults: list[dict[str, Any]], start: 
                 end: float, releases: list[tuple[int, int]]) -> None:
     cards = _cards(root)
     spend = usage.total("cost", [], {}, start, end)[()]
-    assert cards["Spend"] == f"{format_micro(spend)} USD"
+    assert cards["Spend"] == money_micro(spend, "USD")
     waste = _expected_waste(faults, start, end)
-    assert cards["Waste"].startswith(f"{format_micro(sum(waste.values()))} USD")
+    assert cards["Waste"].startswith(money_micro(sum(waste.values()), "USD"))
     billing = usage.total("cost", ["billing"], {}, start, end)
-    assert cards["Fixed"].startswith(f"{format_micro(billing[('fixed',)])} USD")
-    assert cards["Elastic"].startswith(f"{format_micro(billing[('elastic',)])} USD")
+    assert cards["Fixed"].startswith(money_micro(billing[("fixed",)], "USD"))
+    assert cards["Elastic"].startswith(money_micro(billing[("elastic",)], "USD"))
 
     budget = root.by_id("budgets")
     per_team = usage.total("cost", ["team"], {"env": "prod"}, start, end)
     table = _rows(budget)
     assert [(row[0], row[1]) for row in table] == [
-        (f"team={team}", format_micro(amount)) for team, amount in _ranked(per_team)]
+        (f"team={team}", money_micro(amount, "USD")) for team, amount in _ranked(per_team)]
     for row, (_, amount) in zip(table, _ranked(per_team), strict=True):
         line = _crossed(amount)
         if line is None:
             assert row[5] in ("—", "firing: forecast"), row
         else:
             assert row[5] == f"firing: {line}", row
+    shown = {row[2]: row[0] for row in _rows(root.by_id("alerts"))}
+    for team, amount in per_team.items():
+        if _crossed(amount):
+            assert shown[f"team={team[0]}"] == "firing"
     [chart] = budget.all("svg")
     assert len(chart.all("path", "series")) == min(8, len(per_team))
     assert len(chart.all("line", "limit")) == 1 and len(chart.all("line", "warn")) == 2
@@ -241,21 +251,29 @@ def _check_page(root: Node, usage: Ledger, faults: list[dict[str, Any]], start: 
     assert [t.content() for t in waste_chart.all("text", "bar-label")] == [
         name for name, _ in sorted(waste.items(), key=lambda i: (-i[1], i[0]))]
     assert [row[1] for row in _rows(root.by_id("waste"))] == [
-        format_micro(amount) for _, amount in sorted(waste.items(), key=lambda i: (-i[1], i[0]))]
+        money_micro(amount, "USD")
+        for _, amount in sorted(waste.items(), key=lambda i: (-i[1], i[0]))]
 
     spenders = root.by_id("spenders")
     for index, key in enumerate(BY):
         ranked = _ranked(usage.total("cost", [key], {}, start, end))
         rows = _rows(spenders, index)
         assert [(r[0], r[1]) for r in rows[:10]] == [
-            (label or f"(no {key})", format_micro(amount)) for label, amount in ranked[:10]]
+            (label or f"(no {key})", money_micro(amount, "USD"))
+            for label, amount in ranked[:10]]
     assert "<ops & co>" in [t.content() for t in spenders.all("text", "bar-label")]
 
     reclaimed = root.by_id("reclaimed")
-    saved = sum(amount for amount, _ in releases)
-    assert f"{len(releases)} release(s)" in reclaimed.content()
-    assert f"{format_micro(saved)} USD saved" in reclaimed.content()
-    assert [row[4] for row in _rows(reclaimed)] == [format_micro(s) for s, _ in releases]
+    executed, dry_run = releases[:-1], releases[-1]
+    saved = sum(amount for amount, _ in executed)
+    assert f"{len(executed)} release(s)" in reclaimed.content()
+    assert f"{money_micro(saved, 'USD')} saved" in reclaimed.content()
+    assert "1 dry-run release(s) would have reclaimed" in reclaimed.content()
+    assert [row[3:] for row in _rows(reclaimed)] == [
+        ["released", f"{Decimal(s) / Decimal(hourly):.2f}", money_micro(s, "USD")]
+        for s, hourly in executed] + [
+        ["dry run", f"{Decimal(dry_run[0]) / Decimal(dry_run[1]):.2f}",
+         f"{money_micro(dry_run[0], 'USD')} (would have)"]]
 
 
 # ── Chromium ──────────────────────────────────────────────────────────────────────────────
@@ -345,7 +363,7 @@ def test_an_empty_namespace_reports_every_section(redis_url: str, namespace: str
     assert done.returncode == 0, done.stderr
     root = dom(page.read_text(encoding="utf-8"))
     assert root.all("svg") == []
-    assert _cards(root)["Spend"] == "0.000000 USD"
+    assert _cards(root)["Spend"] == "$0.00"
     assert "No spend matches this rule" in root.by_id("budgets").content()
     assert root.by_id("reclaimed").all("p", "none")[0].content().startswith("None yet")
 

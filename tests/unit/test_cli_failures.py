@@ -3,6 +3,9 @@ unknown ``--tz``, a setting whose JSON does not parse. One line on stderr, no tr
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,3 +167,47 @@ def test_json_settings_still_come_from_the_environment(monkeypatch: pytest.Monke
 def test_validate_counts_one_rule_in_the_singular(runner: CliRunner) -> None:
     result = costline(runner, "rules", "validate", str(ONE_RULE))
     assert (result.exit_code, result.stdout) == (0, "ok: 1 rule in 1 file\n")
+
+
+def test_a_worker_on_a_taken_port_says_so_in_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """Another process holds the port, as a first worker would: the second worker exits 2
+    with one line naming COSTLINE_WEB_PORT, before it touches Redis or Kafka (neither answers
+    here) and without a traceback."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import socket, sys, time\n"
+         "s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen()\n"
+         "print(s.getsockname()[1], flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        port = holder.stdout.readline().strip()
+        env = {**os.environ, "COSTLINE_WEB_PORT": port, "COSTLINE_REDIS_URL": CLOSED,
+               "COSTLINE_KAFKA_BOOTSTRAP": "127.0.0.1:1", "COSTLINE_STATE_DIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-m", "costline.streams", "worker"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"costline worker: port {port} is in use (another worker?): set COSTLINE_WEB_PORT (or "
+        "costline --web-port) to a free port for this worker's /healthz, /metrics and "
+        "/slack/actions"]
+
+
+def test_a_worker_logging_to_a_file_draws_no_spinner(tmp_path: Path) -> None:
+    """Faust's start-up spinner writes terminal escapes ([?25l) into a log file; a terminal
+    keeps it."""
+    import faust
+
+    from costline.streams.cli.worker_cmd import faust_worker
+
+    app = faust.App("spinner-test", broker="kafka://127.0.0.1:1", store="memory://",
+                    datadir=str(tmp_path), autodiscover=False)
+    with (tmp_path / "worker.log").open("w") as log:
+        assert faust_worker(app, "warning", log).spinner is None
+    controller, terminal = os.openpty()
+    with os.fdopen(terminal, "w") as tty:
+        assert faust_worker(app, "warning", tty).spinner is not None
+    os.close(controller)

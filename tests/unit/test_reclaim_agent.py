@@ -13,7 +13,7 @@ import pytest
 from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim import NotReclaimable, ReclaimConnector
 from costline.connectors.reclaim.slurm import SlurmParams
-from costline.connectors.reclaim_ledger import MemoryReclaimLedger
+from costline.connectors.reclaim_ledger_memory import MemoryReclaimLedger
 from costline.connectors.slack_actions import ActionRequest
 from costline.rules.findings import Finding, ReclaimRequest
 from costline.rules.loader import load_rule_text
@@ -326,14 +326,27 @@ async def test_pause_stops_planning_and_due_releases_until_resumed() -> None:
     assert world.slurm.released == []
 
 
-async def test_a_target_that_cannot_be_identified_closes_the_plan_at_once() -> None:
+async def test_a_target_that_cannot_be_identified_is_one_record_not_a_plan() -> None:
     world = World()
     world.idle("4211")
     world.slurm.gone.add("slurm/4211")
     records = await world.plan()
     assert [(r["step"], r["reason"]) for r in records] == [
-        ("planned", records[0]["reason"]), ("skipped", "no job behind slurm/4211")]
+        ("skipped", "not planned: no job behind slurm/4211")]
+    assert await world.ledger.plans() == []
     assert await world.plan(PLAN_AT + MIN) == []
+
+
+async def test_a_dry_run_that_cannot_identify_its_target_is_skipped_not_failed() -> None:
+    """``planned`` then ``failed`` in the same second read as a release that broke; a dry run
+    touches nothing, so it is one ``skipped`` record saying what a live run would meet."""
+    world = World(mode="dry_run")
+    world.idle("4211")
+    world.slurm.gone.add("slurm/4211")
+    records = await world.plan()
+    assert [(r["step"], r["mode"], r["reason"]) for r in records] == [
+        ("skipped", "dry_run", "dry run, not planned: a live run could not release it: no job "
+         "behind slurm/4211")]
 
 
 async def test_a_closed_plan_keeps_its_resource_for_the_cooldown() -> None:

@@ -1,4 +1,5 @@
-"""The HTML report renderer on hand-made data: structure, labels, exact amounts, escaping."""
+"""The HTML report renderer on hand-made data: structure, labels, amounts for people, every
+alert in view, dry runs, escaping."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from costline.connectors.report_html import (
     LABEL_CHARS,
     MAX_BUDGET_SERIES,
+    ActiveAlert,
     Amount,
     BudgetChart,
     BudgetGroup,
@@ -183,18 +185,18 @@ def test_one_svg_per_chart_each_with_a_title_an_aria_label_and_a_data_table() ->
         assert figure.all("details") and figure.all("table"), label
 
 
-def test_header_shows_period_currency_exact_totals_and_when_it_was_generated() -> None:
+def test_header_shows_period_currency_totals_and_when_it_was_generated() -> None:
     root = dom(render(_report()))
     header = root.all("header")[0].content()
     assert "2026-11-01 00:00 → 2026-12-01 00:00 (UTC)" in header
     assert "currency USD" in header and "generated 2026-11-20T12:00:00Z" in header
     cards = {card.all("dt")[0].content(): card.all("dd")[0].content()
              for card in root.all("div", "card")}
-    assert cards["Spend"].startswith("300123.456789 USD")
-    assert cards["Waste"].startswith("12000.000001 USD")
+    assert cards["Spend"] == "$300,123.46"
+    assert cards["Waste"].startswith("$12,000.00")
     assert cards["Waste"].endswith("4.0% of spend")
-    assert cards["Fixed"].startswith("24600.000000 USD")
-    assert cards["Elastic"].startswith("275523.456789 USD")
+    assert cards["Fixed"].startswith("$24,600.00")
+    assert cards["Elastic"].startswith("$275,523.46")
 
 
 # ── budgets ───────────────────────────────────────────────────────────────────────────────
@@ -209,9 +211,9 @@ def test_a_budget_chart_has_a_line_per_group_the_rule_lines_and_dashed_forecasts
     labels = [node.content() for node in chart.all("text", "line-label")]
     assert labels == ["50% warning 125k", "80% warning 200k", "budget 250k"]
     tips = [path.all("title")[0].content() for path in chart.all("path", "series")]
-    assert tips[0] == "team=pretrain: 230000.000000 USD so far"
-    assert tips[2] == f"team={HOSTILE}: 10123.456789 USD so far"
-    assert "forecast 290000.000000 USD" in chart.all("path", "forecast")[0].content()
+    assert tips[0] == "team=pretrain: $230,000.00 so far"
+    assert tips[2] == f"team={HOSTILE}: $10,123.46 so far"
+    assert "forecast $290,000.00" in chart.all("path", "forecast")[0].content()
     assert len(chart.all("line", "now")) == 1
 
 
@@ -222,11 +224,10 @@ def test_the_budget_table_lists_every_group_with_its_share_forecast_and_alert() 
     root = dom(render(_report(budgets=(_budget((alerting,)),))))
     rows = [[cell.content() for cell in row.all("td")]
             for row in root.by_id("budgets").all("tbody")[0].all("tr")]
-    assert rows == [["team=pretrain", "230000.000000", "92.0%", "290000.000000",
+    assert rows == [["team=pretrain", "$230,000.00", "92.0%", "$290,000.00",
                      "2026-11-30T22:00:00Z", "firing: warn_80"]]
     caption = root.by_id("budgets").all("caption")[0].content()
-    assert caption == ("50% warning 125000.000000 USD · 80% warning 200000.000000 USD · "
-                       "budget 250000.000000 USD")
+    assert caption == "50% warning $125,000.00 · 80% warning $200,000.00 · budget $250,000.00"
 
 
 def test_a_budget_chart_draws_the_biggest_groups_and_tables_them_all() -> None:
@@ -238,7 +239,7 @@ def test_a_budget_chart_draws_the_biggest_groups_and_tables_them_all() -> None:
     assert f"Showing the {MAX_BUDGET_SERIES} groups with the highest spend; all 12" in (
         section.content())
     legend = section.all("ul", "legend")[0].all("li")
-    assert len(legend) == MAX_BUDGET_SERIES + 1
+    assert len(legend) == MAX_BUDGET_SERIES  # no forecast drawn: no forecast in the legend
 
 
 def test_a_finished_period_has_no_now_marker_and_flat_runs_are_drawn_as_one_segment() -> None:
@@ -259,19 +260,72 @@ def test_budget_rule_without_spend_and_no_budget_rules_say_so() -> None:
     assert "No budget rules are loaded." in none.by_id("budgets").content()
 
 
+def test_each_groups_alert_state_is_in_the_legend_not_only_in_the_table() -> None:
+    alerting = replace(_group("pretrain", 230_000_000_000,
+                              Projection(NOW, 290_000_000_000, NOW + 9e5)),
+                       alert="firing: forecast")
+    quiet = _group("posttrain", 60_000_500_000)
+    legend = dom(render(_report(budgets=(_budget((alerting, quiet)),)))).by_id(
+        "budgets").all("ul", "legend")[0]
+    items = [item.content() for item in legend.all("li")]
+    assert items == ["team=pretrain · firing: forecast", "team=posttrain",
+                     "forecast to the period end"]
+
+
+def test_the_forecast_is_in_the_legend_only_when_one_is_drawn() -> None:
+    root = dom(render(_report(budgets=(_budget((_group("posttrain", 60_000_500_000),)),))))
+    section = root.by_id("budgets")
+    assert section.all("path", "forecast") == []
+    assert "forecast" not in section.all("ul", "legend")[0].content()
+    assert "forecast" not in section.all("svg")[0].attrs["aria-label"]
+
+
+def test_spend_too_small_for_the_charts_scale_is_named_under_it() -> None:
+    """$164 against a $250,000 budget line is a flat line at zero: the chart says so."""
+    groups = (_group("pretrain", 230_000_000_000), _group("research", 164_000_000))
+    section = dom(render(_report(budgets=(_budget(groups),)))).by_id("budgets")
+    notes = [note.content() for note in section.all("p", "note")]
+    assert notes == ["Too small to see against this chart's scale (to 300k USD), drawn along "
+                     "its foot: team=research ($164.00)."]
+
+
+def test_every_alert_pending_or_firing_is_listed_whatever_its_kind() -> None:
+    alerts = (
+        ActiveAlert("gpu-idle", "idle", {"team": "research", "resource_id": "lab/dev-gpu-01"},
+                    "firing", NOW - 600, Decimal("0.015"), Decimal("0.05"), "idle",
+                    unit="fraction"),
+        ActiveAlert("team-monthly", "budget", {"team": "pretrain"}, "firing", NOW - 3600,
+                    Decimal("230000"), Decimal("250000"), "forecast", unit="currency",
+                    muted="silenced until 2026-11-20T16:00:00Z"),
+        ActiveAlert("log-explosion", "log_explosion", {"job": "run-42"}, "pending", NOW - 60,
+                    Decimal("120"), Decimal("50"), "max_rate", unit="currency_per_hour"),
+    )
+    section = dom(render(_report(alerts=alerts))).by_id("alerts")
+    assert not section.all("details"), "in the open, not in a collapsed table"
+    rows = [[c.content() for c in row.all("td")] for row in section.all("tbody")[0].all("tr")]
+    assert rows == [
+        ["firing", "gpu-idle", "team=research, resource_id=lab/dev-gpu-01", "2%", "idle 5%",
+         "2026-11-20T11:50:00Z"],
+        ["firing, silenced until 2026-11-20T16:00:00Z", "team-monthly", "team=pretrain",
+         "$230,000.00", "forecast $250,000.00", "2026-11-20T11:00:00Z"],
+        ["pending", "log-explosion", "job=run-42", "$120.00/h", "max_rate $50.00/h",
+         "2026-11-20T11:59:00Z"],
+    ]
+
+
 # ── bars ──────────────────────────────────────────────────────────────────────────────────
 
 
-def test_waste_bars_per_fault_type_with_exact_amounts_and_share_of_spend() -> None:
+def test_waste_bars_per_fault_type_with_amounts_and_share_of_spend() -> None:
     section = dom(render(_report())).by_id("waste")
     [chart] = section.all("svg")
     assert len(chart.all("rect", "bar")) == 3
     assert [t.content() for t in chart.all("text", "bar-label")] == [
         "silent_data_corruption", "node_failure", "comm_timeout"]
     values = [t.content() for t in chart.all("text", "bar-value")]
-    assert values[0] == "8499.200000 USD (2.8% of spend)"
-    assert values[2] == "1305.881601 USD (0.4% of spend)"
-    assert "12000.000001 USD" in section.all("p")[0].content()
+    assert values[0] == "$8,499.20 (2.8% of spend)"
+    assert values[2] == "$1,305.88 (0.4% of spend)"
+    assert "$12,000.00" in section.all("p")[0].content()
 
 
 def test_top_spenders_one_chart_per_key_with_the_rest_summed_in_the_table() -> None:
@@ -282,7 +336,7 @@ def test_top_spenders_one_chart_per_key_with_the_rest_summed_in_the_table() -> N
     assert [t.content() for t in team.all("text", "bar-label")] == [
         "pretrain", HOSTILE, "(no team)"]
     job_rows = section.all("tbody")[1].all("tr")
-    assert [c.content() for c in job_rows[-1].all("td")] == ["4 more", "7.000000", "0.0%"]
+    assert [c.content() for c in job_rows[-1].all("td")] == ["4 more", "$7.00", "0.0%"]
 
 
 def test_long_labels_are_shortened_in_the_chart_only() -> None:
@@ -300,13 +354,29 @@ def test_long_labels_are_shortened_in_the_chart_only() -> None:
 
 def test_reclaimed_hours_and_money_saved_per_rule() -> None:
     section = dom(render(_report())).by_id("reclaimed")
-    assert "3 release(s), 12.50 idle hours reclaimed, 31.125000 USD saved." in section.content()
+    assert "3 release(s), 12.50 idle hours reclaimed, $31.13 saved." in section.content()
     [chart] = section.all("svg")
     assert [t.content() for t in chart.all("text", "bar-label")] == ["gpu-idle", "k8s-idle"]
-    assert chart.all("text", "bar-value")[0].content() == "31.125000 USD (12.50 h)"
+    assert chart.all("text", "bar-value")[0].content() == "$31.13 (12.50 h)"
     rows = [[c.content() for c in row.all("td")] for row in section.all("tbody")[0].all("tr")]
-    assert rows[0] == ["2026-11-20T10:00:00Z", "gpu-idle", "slurm/4211", "10.50", "26.145000"]
-    assert rows[2][3] == "—"
+    assert rows[0] == ["2026-11-20T10:00:00Z", "gpu-idle", "slurm/4211", "released", "10.50",
+                       "$26.15"]
+    assert rows[2][4] == "—"
+
+
+def test_dry_run_releases_show_what_they_would_have_saved() -> None:
+    dry = (Release(NOW - 600, "gpu-idle", "lab/dev-gpu-01", Decimal("8.5"), 169_320_000,
+                   dry_run=True),
+           Release(NOW - 590, "gpu-idle", "lab/dev-gpu-02", Decimal("8.5"), 169_320_000,
+                   dry_run=True))
+    section = dom(render(_report(releases=dry))).by_id("reclaimed")
+    assert not section.all("p", "none")
+    assert ("2 dry-run release(s) would have reclaimed 17.00 idle hours and saved $338.64; "
+            "nothing was touched (mode: dry_run).") in section.content()
+    [chart] = section.all("svg")
+    assert [t.content() for t in chart.all("text", "bar-label")] == ["gpu-idle (dry run)"]
+    rows = [[c.content() for c in row.all("td")] for row in section.all("tbody")[0].all("tr")]
+    assert rows[0][3:] == ["dry run", "8.50", "$169.32 (would have)"]
 
 
 def test_no_releases_reads_none_yet() -> None:
@@ -333,8 +403,9 @@ def test_no_data_at_all_still_renders_every_section() -> None:
     root = dom(render(empty))
     assert _charts(root) == []
     assert [s.attrs["id"] for s in root.all("section")] == [
-        "budgets", "waste", "spenders", "reclaimed"]
-    assert "0.000000 EUR" in root.all("header")[0].content()
+        "alerts", "budgets", "waste", "spenders", "reclaimed"]
+    assert "€0.00" in root.all("header")[0].content()
+    assert "No alert is pending or firing." in root.by_id("alerts").content()
 
 
 # ── time axis ─────────────────────────────────────────────────────────────────────────────

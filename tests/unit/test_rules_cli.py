@@ -183,3 +183,19 @@ def test_backtest_shows_when_alerts_would_have_fired(run: CliRunner, tmp_path: P
         ("idle", "resolved", "2026-11-30T08:45:00Z"),
         ("budget", "firing", "2026-11-30T08:55:00Z"),
     ]
+
+
+def test_validate_json_says_what_loaded(run: CliRunner) -> None:
+    code, out = costline(run, "rules", "validate", "--json", str(DEFINITIONS))
+    assert code == 0
+    assert json.loads(out) == {"valid": True, "rules": 6, "files": 4, "problems": []}
+
+
+def test_validate_json_lists_each_problem_with_its_position(run: CliRunner) -> None:
+    bad = HERE / "bad" / "unknown_kind.yaml"
+    code, out = costline(run, "rules", "validate", "--json", str(bad))
+    assert code == 1
+    found = json.loads(out)
+    assert found["valid"] is False
+    assert [f"{p['file']}:{p['line']}:{p['column']}: {p['message']}"
+            for p in found["problems"]] == expected_errors(bad)

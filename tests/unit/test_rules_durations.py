@@ -95,3 +95,30 @@ def test_times_read_as_rfc3339_or_unix_seconds() -> None:
     assert parse_time(at("2026-11-30T08:00")) == at("2026-11-30T08:00")
     with pytest.raises(ValueError, match="no offset"):
         parse_time("2026-11-30T08:00:00")
+
+
+NOW = 1796340600.0  # 2026-12-03T23:30:00Z, 2026-12-04T00:30 in Europe/Paris
+
+
+@pytest.mark.parametrize(("text", "zone", "moment"), [
+    ("now", "UTC", NOW),
+    ("today", "UTC", 1796256000.0),  # 2026-12-03T00:00:00Z
+    ("yesterday", "UTC", 1796169600.0),  # 2026-12-02T00:00:00Z
+    ("Yesterday", "Europe/Paris", 1796252400.0),  # 2026-12-03T00:00+01:00
+    ("-2h", "UTC", NOW - 7200),
+    ("-7d", "UTC", NOW - 7 * 86400),
+    ("2026-11-30T08:00:00Z", "UTC", 1796025600.0),
+    ("1796169600", "UTC", 1796169600.0),
+])
+def test_a_moment_can_be_a_word_or_a_time_ago(text: str, zone: str, moment: float) -> None:
+    from costline.rules.durations import parse_moment
+
+    assert parse_moment(text, NOW, zone) == moment
+
+
+@pytest.mark.parametrize("text", ["last week", "2h", "-2x", "2026-11-30T08:00:00"])
+def test_a_moment_that_does_not_read_names_the_forms_that_do(text: str) -> None:
+    from costline.rules.durations import parse_moment
+
+    with pytest.raises(ValueError, match="now, today, yesterday, or a time ago such as -2h"):
+        parse_moment(text, NOW, "UTC")

@@ -340,3 +340,16 @@ def test_any_group_and_figure_render_within_slack_limits(
     text, blocks = render_alert(alert)
     assert block_errors(blocks) == []
     assert len(text) <= 40_000
+
+
+def test_a_growth_of_a_quantity_is_not_burning_money() -> None:
+    """Checkpoint GB-hours growing 641,318 an hour were shown as 'Burning $641,318.00/h'."""
+    quantity = record(**{**GROWTH, "unit": "gb_hour", "value": "641318.000000",
+                         "threshold": "494314.021429", "rate_per_hour": "106886.333333",
+                         "lines": [{"name": "baseline", "value": "247157.010714"},
+                                   {"name": "ratio", "value": "494314.021429"}]})
+    text, blocks = render_alert(quantity)
+    shown = texts(blocks)
+    assert "Burning" not in shown and "$" not in text
+    assert ":chart_with_upwards_trend: Rate *106,886.33 gb_hour/h*" in shown
+    assert text.endswith("641,318 gb_hour crossed ratio (494,314.02 gb_hour)")
