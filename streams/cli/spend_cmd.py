@@ -15,6 +15,8 @@ from costline.streams.cli import command_group
 from costline.streams.cli.root import zone_option
 
 PERIODS = ("day", "week", "month")
+# ``--basis`` → the measure and the key of ``--json`` rows: net spend is ``cost``.
+BASES: dict[str, Measure] = {"net": "cost", "gross": "gross", "credits": "credits"}
 
 
 def parse_filters(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -40,21 +42,32 @@ Filters = Mapping[str, str | Sequence[str]]
 
 
 def spend_report(state: Any, currency: str, by: Sequence[str], where: Filters,
-                 start: float, end: float, peaks: bool = False) -> dict[str, Any]:
-    """The rows of ``spend --json``: one per group, cost and waste, sorted by cost descending.
+                 start: float, end: float, peaks: bool = False, basis: str = "net"
+                 ) -> dict[str, Any]:
+    """The rows of ``spend --json``: one per group, sorted by the ``basis`` descending (net
+    spend, the contract's order, by default).
 
-    ``where`` maps a key to a glob, or to several globs any of which it may match."""
+    Every row has the three figures of money: ``cost`` is the net (what the bill says),
+    ``gross`` the spend before credits, refunds and downward adjustments, ``credits`` those
+    (as a positive amount); and ``waste``. ``where`` maps a key to a glob, or to several globs
+    any of which it may match."""
     from costline.rules.durations import rfc3339
     from costline.rules.prices import format_micro
 
     query = _Query(by, where)
-    cost, waste = query.totals(state, ("cost", "waste"), start, end)
+    gross, credits, waste = query.totals(state, ("gross", "credits", "waste"), start, end)
+    # The net from the two parts read rather than a third pass over the same fields.
+    cost = {g: gross.get(g, 0) - credits.get(g, 0) for g in set(gross) | set(credits)}
+    order = {"cost": cost, "gross": gross, "credits": credits}[BASES[basis]]
     peak = query.peaks(state, start, end) if peaks else {}
     rows = []
-    for group in sorted(set(cost) | set(waste), key=lambda g: (-cost.get(g, 0), g)):
+    groups = set(cost) | set(gross) | set(credits) | set(waste)
+    for group in sorted(groups, key=lambda g: (-order.get(g, 0), g)):
         row: dict[str, Any] = {
             "group": dict(zip(by, group, strict=True)),
             "cost": format_micro(cost.get(group, 0)),
+            "gross": format_micro(gross.get(group, 0)),
+            "credits": format_micro(credits.get(group, 0)),
             "waste": format_micro(waste.get(group, 0)),
         }
         if peaks:
@@ -124,7 +137,7 @@ class _Query:
         return {group: max(hours.values()) for group, hours in hourly.items() if hours}
 
 
-def _table(report: dict[str, Any], by: Sequence[str]) -> None:
+def _table(report: dict[str, Any], by: Sequence[str], basis: str = "net") -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -132,13 +145,13 @@ def _table(report: dict[str, Any], by: Sequence[str]) -> None:
     table = Table(title=f"Spend {period['start']} → {period['end']} ({report['currency']})")
     for key in by:
         table.add_column(key)
-    table.add_column("cost", justify="right")
+    table.add_column(basis, justify="right")
     table.add_column("waste", justify="right")
     peaks = bool(report["rows"]) and "peak_hourly" in report["rows"][0]
     if peaks:
         table.add_column("peak/h", justify="right")
     for row in report["rows"]:
-        cells = [row["group"][key] or "—" for key in by] + [row["cost"], row["waste"]]
+        cells = [row["group"][key] or "—" for key in by] + [row[BASES[basis]], row["waste"]]
         table.add_row(*cells, *([row["peak_hourly"]] if peaks else []))
     Console().print(table)
 
@@ -159,9 +172,13 @@ def register(app: typer.Typer) -> None:
         zone: str | None = typer.Option(None, "--tz", callback=zone_option, help="Time zone "
                                         "of the period; default COSTLINE_TIMEZONE."),
         peaks: bool = typer.Option(False, help="Also give each group's peak hourly spend."),
+        basis: str = typer.Option("net", help="The money shown and sorted by: net (less "
+                                  "credits, refunds and downward adjustments: the bill), "
+                                  "gross (before them) or credits (them alone)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON: currency, period "
-                                     "(start, end) and rows (group, cost, waste; peak_hourly "
-                                     "with --peaks), amounts as decimal strings."),
+                                     "(start, end) and rows (group, cost (the net), gross, "
+                                     "credits, waste; peak_hourly with --peaks), amounts as "
+                                     "decimal strings."),
     ) -> None:
         """Spend and waste per group for a day, week or month."""
         from costline.connectors.redis_client import connect
@@ -173,6 +190,9 @@ def register(app: typer.Typer) -> None:
         settings = settings_of(ctx)
         if period not in PERIODS:
             raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
+        if basis not in BASES:
+            raise typer.BadParameter(f"{basis!r}: one of net, gross, credits",
+                                     param_hint="--basis")
         keys = [k.strip() for k in by.split(",") if k.strip()]
         try:
             moment = parse_time(at) if at is not None else time.time()
@@ -184,12 +204,12 @@ def register(app: typer.Typer) -> None:
                            settings.timezone)
         currency = PriceBook.load(settings.prices).currency
         report = spend_report(state, currency, keys, parse_filters(where), start, end,
-                              peaks)
+                              peaks, basis)
         _warn_if_short(state, start, end)
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:
-            _table(report, keys)
+            _table(report, keys, basis)
 
 
 def _warn_if_short(state: Any, start: float, end: float) -> None:
