@@ -312,7 +312,7 @@ class FocusConverter:
         micro = to_micro(amount)
         if hours[-1].timestamp() > self.now + MAX_FUTURE_S:
             return Skipped(SkipReason.future, micro, self.currency)
-        event = self._event(row, hours[0], micro, currency, amount < 0)
+        event = self._event(row, hours[0], micro, currency)
         if len(hours) == 1:
             return Converted(event, micro)
         return Converted(event, micro, self._pieces(event, hours, micro))
@@ -329,8 +329,8 @@ class FocusConverter:
             raise ValueError("the charge period ends before it starts")
         return hours_of(start, end)
 
-    def _event(self, row: Mapping[str, str], moment: datetime, micro: int, currency: str,
-               negative: bool) -> UsageEvent:
+    def _event(self, row: Mapping[str, str], moment: datetime, micro: int,
+               currency: str) -> UsageEvent:
         # Micro-units as a float with at most 15 significant digits: its JSON is the exact
         # decimal, so the worker's rounding finds the same micro-units. The quantity of a
         # focus.* type is the amount; money taken off the bill consumed nothing.
@@ -340,7 +340,7 @@ class FocusConverter:
             event_id=self._event_id(row), kind="usage", ts=rfc3339(moment),
             resource_id=resource_id_of(row), resource_type=resource_type_of(category),
             quantity=amount if amount > 0 else 0.0, unit=unit_of(self.currency), cost=amount,
-            category=category, charge=self._charge(row, negative), tags=self._tags(row, currency),
+            category=category, charge=self._charge(row, micro), tags=self._tags(row, currency),
         )
 
     @staticmethod
@@ -355,9 +355,11 @@ class FocusConverter:
                                                       strict=True))
         )
 
-    def _charge(self, row: Mapping[str, str], negative: bool) -> ChargeKind:
-        """By the row's sign, also for an amount too small to be a micro-unit."""
-        charge, known = charge_of(row.get("ChargeCategory"), negative)
+    def _charge(self, row: Mapping[str, str], micro: int) -> ChargeKind:
+        """By the sign of the amount counted: a negative amount too small to be a micro-unit
+        counts as zero, and as the charge of a row that is not negative (so an export of it
+        reads back as the same charge)."""
+        charge, known = charge_of(row.get("ChargeCategory"), micro < 0)
         if not known:
             self.warnings["unmapped_charge_category"] += 1
         return charge

@@ -357,8 +357,8 @@ def test_every_row_of_the_sample_counts_and_sums_to_the_csv_per_category(
     with SAMPLE.open(newline="") as handle:
         for line in csv.DictReader(handle):
             amount = Decimal(line[basis.column])
-            negative += amount < 0
             micro = int((amount * 1_000_000).quantize(Decimal(1), ROUND_HALF_EVEN))
+            negative += micro < 0
             expected[category[line["ServiceCategory"]]] += micro
     events, tally, converter = convert_sample(basis)
     assert tally.rows == tally.events == len(events) == 1000
