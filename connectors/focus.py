@@ -35,7 +35,7 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, cast
 
 from costline.connectors.focus_spread import hours_of, split_micro
 from costline.connectors.focus_vocabulary import (
@@ -45,7 +45,7 @@ from costline.connectors.focus_vocabulary import (
     charge_of,
 )
 from costline.rules.events import MAX_FUTURE_S, MAX_TAGS, Category, ChargeKind, UsageEvent
-from costline.rules.prices import MICRO, Billing, Price, PriceBook, format_micro, to_micro
+from costline.rules.prices import MICRO, Billing, Price, PriceBook, to_micro
 from costline.rules.rates import RateTable
 
 MAX_TAG_VALUE = 256
@@ -434,68 +434,3 @@ def read_rows(text: IO[str], basis: CostBasis, spread: bool = False
     if missing:
         raise FocusFormatError(f"not a FOCUS export: no column {', '.join(missing)}")
     yield from reader
-
-
-# -- what an import did ------------------------------------------------------------------------
-
-
-@dataclass
-class ImportTally:
-    """Rows read, events made, money by category and charge, skips by reason with their
-    amounts (in each row's own currency), warnings: the summary."""
-
-    rows: int = 0
-    converted_rows: int = 0
-    events: int = 0
-    cost_micro: int = 0
-    credits_micro: int = 0
-    by_category: Counter[str] = field(default_factory=Counter)
-    by_charge: Counter[str] = field(default_factory=Counter)
-    skipped_rows: Counter[SkipReason] = field(default_factory=Counter)
-    skipped_micro: dict[SkipReason, Counter[str]] = field(default_factory=dict)
-
-    def count(self, outcome: Converted | Skipped) -> None:
-        self.rows += 1
-        if isinstance(outcome, Converted):
-            self.converted_rows += 1
-            self.events += len(outcome.events)
-            self.cost_micro += outcome.micro
-            self.credits_micro += max(-outcome.micro, 0)
-            event = outcome.event
-            self.by_category[event.category.value if event.category else "other"] += \
-                outcome.micro
-            self.by_charge[event.charge.value] += outcome.micro
-        else:
-            self.skipped_rows[outcome.reason] += 1
-            self.skipped_micro.setdefault(outcome.reason, Counter())[outcome.currency] += \
-                outcome.micro
-
-    @property
-    def invalid_rows(self) -> int:
-        """Rows skipped: every one is a fault in the data."""
-        return sum(self.skipped_rows.values())
-
-    def skipped_text(self, reason: SkipReason) -> str:
-        """A skip's total, in each currency it has: ``-3.000000 USD, 12.500000 EUR``."""
-        return ", ".join(f"{format_micro(micro)} {currency}"
-                         for currency, micro in sorted(self.skipped_micro[reason].items()))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "rows_read": self.rows,
-            "rows_counted": self.converted_rows,
-            "events": self.events,
-            "cost_total": format_micro(self.cost_micro),
-            "gross_total": format_micro(self.cost_micro + self.credits_micro),
-            "credits_total": format_micro(self.credits_micro),
-            "cost_by_category": {k: format_micro(v) for k, v in sorted(self.by_category.items())},
-            "cost_by_charge": {k: format_micro(v) for k, v in sorted(self.by_charge.items())},
-            "skipped": {
-                reason.value: {
-                    "rows": n,
-                    "cost": {currency: format_micro(micro) for currency, micro
-                             in sorted(self.skipped_micro[reason].items())},
-                }
-                for reason, n in sorted(self.skipped_rows.items())
-            },
-        }

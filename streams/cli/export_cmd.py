@@ -147,8 +147,7 @@ def focus(
     Exit code 1 when the file does not add up to the period's totals (hourly buckets are kept
     35 days), 2 for bad arguments.
     """
-    from redis import Redis
-
+    from costline.connectors.redis_client import connect
     from costline.connectors.redis_state import RedisState
     from costline.rules.durations import parse_time, period_bounds
     from costline.rules.prices import PriceBook
@@ -165,8 +164,8 @@ def focus(
         raise typer.BadParameter(str(exc), param_hint="--at") from exc
     start, end = period_bounds(moment, period, zone or settings.timezone)  # type: ignore[arg-type]
     book = PriceBook.load(settings.prices)
-    redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
-    state = RedisState(redis, settings.namespace, settings.timezone)
+    state = RedisState(connect(settings.redis_url, timeout_s=30), settings.namespace,
+                       settings.timezone)
     rows = FocusRows(book, account=settings.namespace)
     intervals = hours_in(start, end)
     began = time.perf_counter()

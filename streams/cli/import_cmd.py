@@ -26,12 +26,12 @@ from costline.connectors.focus import (
     CostBasis,
     FocusConverter,
     FocusFormatError,
-    ImportTally,
     missing_prices,
     open_focus,
     price_book_lines,
     read_rows,
 )
+from costline.connectors.focus_tally import ImportTally
 from costline.connectors.kafka import partition_of
 from costline.rules.events import MAX_BATCH, UsageEvent, UtilizationEvent, dump_event
 from costline.rules.prices import PriceBook, format_micro

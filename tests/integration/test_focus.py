@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis import Redis
 
 from costline.connectors.focus import missing_prices, price_book_lines
 from costline.connectors.focus_export import FOCUS_COLUMNS, hours_in
+from costline.connectors.redis_client import connect
 from costline.connectors.redis_state import RedisState
 from costline.rules.prices import PriceBook
 from costline.streams.settings import Settings
@@ -108,7 +108,7 @@ class Bill:
                 for row in report["rows"]}
 
     def state(self) -> RedisState:
-        return RedisState(Redis.from_url(self.redis_url), self.env["COSTLINE_NAMESPACE"], "UTC")
+        return RedisState(connect(self.redis_url), self.env["COSTLINE_NAMESPACE"], "UTC")
 
 
 @pytest.fixture(scope="module")

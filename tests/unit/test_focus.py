@@ -27,7 +27,6 @@ from costline.connectors.focus import (
     CostBasis,
     FocusConverter,
     FocusFormatError,
-    ImportTally,
     Skipped,
     SkipReason,
     focus_prices,
@@ -39,6 +38,7 @@ from costline.connectors.focus import (
     tag_key,
 )
 from costline.connectors.focus_spread import hours_of, split_micro
+from costline.connectors.focus_tally import ImportTally
 from costline.connectors.focus_vocabulary import charge_of
 from costline.rules.events import ChargeKind, Parsed, parse_message
 from costline.rules.prices import PriceBook, PriceBookModel

@@ -236,9 +236,11 @@ def test_the_sample_exported_and_imported_again_has_every_tag_sets_money_in_ever
 
 
 def export(reader: Reader, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
+    import costline.connectors.redis_client
     import costline.connectors.redis_state
     from costline.streams.cli.root import _register, app
 
+    monkeypatch.setattr(costline.connectors.redis_client, "connect", lambda *_, **__: None)
     monkeypatch.setattr(costline.connectors.redis_state, "RedisState", lambda *_: reader)
     _register()
     return CliRunner().invoke(app, ["--prices", str(REPO / "rules/prices/example.yaml"),

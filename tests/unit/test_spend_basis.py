@@ -53,8 +53,10 @@ def test_rows_are_sorted_by_the_basis(state: State, basis: str, order: list[str]
 
 
 def cli(state: State, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
+    import costline.connectors.redis_client
     import costline.connectors.redis_state
 
+    monkeypatch.setattr(costline.connectors.redis_client, "connect", lambda *_, **__: None)
     monkeypatch.setattr(costline.connectors.redis_state, "RedisState", lambda *_: state)
     _register()
     return CliRunner().invoke(app, [
