@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
     def spend(
         ctx: typer.Context,
         by: str = typer.Option("", help="Group by these keys (tags, category, resource_type, "
-                               "billing), comma-separated."),
+                               "billing, charge), comma-separated."),
         where: list[str] = typer.Option([], help="KEY=VALUE filter (a * glob is allowed); "
                                         "repeatable: different keys must all match, a key "
                                         "given again matches any of its values."),
