@@ -4,15 +4,17 @@ FOCUS, the FinOps Open Cost and Usage Specification, is the billing export that 
 Cloud, Microsoft and Oracle share. Importing it puts the clouds' own invoice lines beside the
 cluster's telemetry, so budgets watch what is billed rather than an estimate.
 
-Each row becomes one usage event whose ``cost`` is the row's EffectiveCost (or BilledCost) and
-whose ``quantity`` is the same amount. The events use nine resource types, ``focus.<category>``,
-priced at 1 per currency unit (unit ``usd`` for a USD book): the price book needs no entry per
-cloud SKU, the worker's unit check still holds, and the explicit cost is what is counted.
+Each row becomes one usage event whose ``cost`` is the row's EffectiveCost (or BilledCost),
+signed, with the ``charge`` its ChargeCategory says (a credit, a refund or a correction is
+negative money on the bill, and spend must equal the bill). The events use nine resource types,
+``focus.<category>``, priced at 1 per currency unit (unit ``usd`` for a USD book): the price
+book needs no entry per cloud SKU, the worker's unit check still holds, and the explicit cost
+is what is counted. A row in another currency is converted with the price book's dated rates;
+with ``spread`` a charge over more than an hour becomes one event per hour.
 
-A row that cannot be an event is skipped and counted by reason. Events carry costs ≥ 0, so a
-credit or a negative correction is reported with its amount and never subtracted: spend is the
-gross of what was consumed, which errs on the side of alerting early. ``docs/FOCUS.md`` gives
-every mapping below in a table.
+Only a row that cannot be an event is skipped, counted by reason with its amount: a NULL or
+non-numeric cost, a bad time, a currency without a rate. ``docs/FOCUS.md`` gives every mapping
+below in a table.
 """
 
 from __future__ import annotations
@@ -33,10 +35,18 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, cast
 
-from costline.rules.events import MAX_FUTURE_S, MAX_TAGS, Category, UsageEvent
-from costline.rules.prices import MICRO, Billing, Price, PriceBook, format_micro, to_micro
+from costline.connectors.focus_spread import hours_of, split_micro
+from costline.connectors.focus_vocabulary import (
+    COLUMN_TAGS,
+    CURRENCY_TAG,
+    SERVICE_CATEGORIES,
+    charge_of,
+)
+from costline.rules.events import MAX_FUTURE_S, MAX_TAGS, Category, ChargeKind, UsageEvent
+from costline.rules.prices import MICRO, Billing, Price, PriceBook, to_micro
+from costline.rules.rates import RateTable
 
 MAX_TAG_VALUE = 256
 MAX_RESOURCE_ID = 256
@@ -54,41 +64,6 @@ class CostBasis(StrEnum):
     def column(self) -> str:
         return "EffectiveCost" if self is CostBasis.effective else "BilledCost"
 
-
-# FOCUS 1.0 ServiceCategory → costline category. Unknown values count as ``other``.
-SERVICE_CATEGORIES: dict[str, Category] = {
-    "ai and machine learning": Category.compute,
-    "analytics": Category.database,
-    "business applications": Category.other,
-    "compute": Category.compute,
-    "databases": Category.database,
-    "developer tools": Category.operations,
-    "identity": Category.security,
-    "integration": Category.other,
-    "internet of things": Category.other,
-    "management and governance": Category.observability,
-    "media": Category.other,
-    "migration": Category.migration,
-    "mobile": Category.other,
-    "multicloud": Category.operations,
-    "networking": Category.network,
-    "security": Category.security,
-    "storage": Category.storage,
-    "web": Category.compute,
-    "other": Category.other,
-}
-
-# FOCUS column → costline tag, in the order they claim one of the 32 tag places.
-COLUMN_TAGS: tuple[tuple[str, str], ...] = (
-    ("ProviderName", "provider"),
-    ("ServiceName", "service"),
-    ("SubAccountId", "sub_account"),
-    ("SubAccountName", "sub_account_name"),
-    ("BillingAccountId", "billing_account"),
-    ("RegionId", "region"),
-    ("ChargeCategory", "charge_category"),
-    ("ChargeClass", "charge_class"),
-)
 
 # The columns that say which charge a row is, without its amounts: a row re-exported with a
 # revised amount or a re-import under the other cost basis keeps its event id, so nothing
@@ -109,20 +84,13 @@ class FocusFormatError(ValueError):
 
 
 class SkipReason(StrEnum):
-    """Why a row produced no event."""
+    """Why a row produced no event: each is a fault in the row, never a choice of the import."""
 
-    credit = "credit"  # negative amount, ChargeCategory Credit
-    correction = "correction"  # negative amount, ChargeClass Correction
-    negative_cost = "negative_cost"  # any other negative amount (a refund, a reversal)
     null_cost = "null_cost"
     bad_cost = "bad_cost"
     bad_timestamp = "bad_timestamp"
-    future = "future"  # ChargePeriodStart more than 10 minutes ahead: the worker refuses it
-    other_currency = "other_currency"  # BillingCurrency is not the price book's currency
-
-
-# Skips that are the importer's rules rather than faults in the file.
-BY_DESIGN = frozenset({SkipReason.credit, SkipReason.correction, SkipReason.negative_cost})
+    future = "future"  # an hour of the charge starts more than 10 minutes ahead: refused
+    no_rate = "no_rate"  # another currency, and the price book has no rate for it then
 
 
 # -- the price book entries the events need ------------------------------------------------
@@ -171,10 +139,16 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _NOT_KEY = re.compile(r"[^a-z0-9]+")
 
 
+_KEY = re.compile(r"[a-z][a-z0-9_]{0,62}")
+
+
 @lru_cache(maxsize=4096)
 def tag_key(raw: str) -> str | None:
     """A foreign tag key in costline's ``[a-z][a-z0-9_]{0,62}``: ``CostCenter`` → ``cost_center``,
-    ``ms:Department`` → ``ms_department``; ``None`` when nothing usable is left."""
+    ``ms:Department`` → ``ms_department``; ``None`` when nothing usable is left. A key already
+    in that form is kept as it is, so costline's own tags come back unchanged from an export."""
+    if _KEY.fullmatch(raw):
+        return raw
     key = _NOT_KEY.sub("_", _CAMEL.sub("_", raw.strip()).lower()).strip("_")
     if not key:
         return None
@@ -257,22 +231,22 @@ def parse_cost(text: str | None) -> Decimal | SkipReason:
 
 @dataclass(frozen=True, slots=True)
 class Converted:
+    """A row's events: one, or one per hour of its charge period when spread (``pieces``)."""
+
     event: UsageEvent
-    micro: int
+    micro: int  # the row's amount in the book's currency (a credit's is negative)
+    pieces: tuple[UsageEvent, ...] = ()
+
+    @property
+    def events(self) -> tuple[UsageEvent, ...]:
+        return self.pieces or (self.event,)
 
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
     reason: SkipReason
-    micro: int = 0  # the row's amount when it had one (a credit's is negative)
-
-
-def negative_reason(row: Mapping[str, str]) -> SkipReason:
-    if (row.get("ChargeCategory") or "").casefold() == "credit":
-        return SkipReason.credit
-    if (row.get("ChargeClass") or "").casefold() == "correction":
-        return SkipReason.correction
-    return SkipReason.negative_cost
+    micro: int = 0  # the row's amount when it had one, in its own currency
+    currency: str = ""  # that currency
 
 
 @lru_cache(maxsize=8192)
@@ -306,45 +280,89 @@ class FocusConverter:
     """Turns rows into events; remembers identities seen so far in this file.
 
     Two rows with the same identity are distinct charges (FOCUS allows split lines): the n-th
-    gets ``:n`` after its id, so the same file imported again yields the same ids.
+    gets ``:n`` after its id, so the same file imported again yields the same ids. A spread
+    row's hours get ``/0``, ``/1``, … after the row's id.
     """
 
     basis: CostBasis
     currency: str
     now: float = field(default_factory=time.time)
+    rates: RateTable = field(default_factory=lambda: RateTable({}))
+    spread: bool = False
     warnings: Counter[str] = field(default_factory=Counter)
     _seen: Counter[str] = field(default_factory=Counter)
 
     def convert(self, raw: Row) -> Converted | Skipped:
         row = without_nulls(raw)
+        currency = (row.get("BillingCurrency") or self.currency).upper()
         amount = parse_cost(row.get(self.basis.column))
         if isinstance(amount, SkipReason):
-            return Skipped(amount)
-        micro = to_micro(amount)
-        if (row.get("BillingCurrency") or self.currency).upper() != self.currency:
-            return Skipped(SkipReason.other_currency, micro)
-        if amount < 0:
-            return Skipped(negative_reason(row), micro)
-        start = row.get("ChargePeriodStart")
+            return Skipped(amount, 0, currency)
         try:
-            moment = parse_time(start or "")
+            hours = self._hours(row)
         except ValueError:
-            return Skipped(SkipReason.bad_timestamp, micro)
-        if moment.timestamp() > self.now + MAX_FUTURE_S:
-            return Skipped(SkipReason.future, micro)
-        return Converted(self._event(row, moment, micro), micro)
+            return Skipped(SkipReason.bad_timestamp, to_micro(amount), currency)
+        if currency != self.currency:
+            converted = self.rates.convert(amount, currency, hours[0])
+            if converted is None:
+                return Skipped(SkipReason.no_rate, to_micro(amount), currency)
+            if abs(converted) >= MAX_COST:
+                return Skipped(SkipReason.bad_cost, to_micro(amount), currency)
+            amount = converted
+        micro = to_micro(amount)
+        if hours[-1].timestamp() > self.now + MAX_FUTURE_S:
+            return Skipped(SkipReason.future, micro, self.currency)
+        event = self._event(row, hours[0], micro, currency)
+        if len(hours) == 1:
+            return Converted(event, micro)
+        return Converted(event, micro, self._pieces(event, hours, micro))
 
-    def _event(self, row: Mapping[str, str], moment: datetime, micro: int) -> UsageEvent:
+    def _hours(self, row: Mapping[str, str]) -> list[datetime]:
+        """When the row's event or events are: its ChargePeriodStart, or with ``spread`` the
+        start of every hour of its charge period. Raises ``ValueError`` for a time that is
+        missing or not a date-time, or a period that ends before it starts."""
+        start = parse_time(row.get("ChargePeriodStart") or "")
+        if not self.spread:
+            return [start]
+        end = parse_time(row.get("ChargePeriodEnd") or "")
+        if end < start:
+            raise ValueError("the charge period ends before it starts")
+        return hours_of(start, end)
+
+    def _event(self, row: Mapping[str, str], moment: datetime, micro: int,
+               currency: str) -> UsageEvent:
         # Micro-units as a float with at most 15 significant digits: its JSON is the exact
-        # decimal, so the worker's rounding finds the same micro-units.
+        # decimal, so the worker's rounding finds the same micro-units. The quantity of a
+        # focus.* type is the amount; money taken off the bill consumed nothing.
         amount = micro / MICRO
         category = self._category(row)
         return UsageEvent(
             event_id=self._event_id(row), kind="usage", ts=rfc3339(moment),
             resource_id=resource_id_of(row), resource_type=resource_type_of(category),
-            quantity=amount, unit=unit_of(self.currency), cost=amount, category=category,
-            tags=self._tags(row),
+            quantity=amount if amount > 0 else 0.0, unit=unit_of(self.currency), cost=amount,
+            category=category, charge=self._charge(row, micro), tags=self._tags(row, currency),
         )
+
+    @staticmethod
+    def _pieces(event: UsageEvent, hours: list[datetime], micro: int
+                ) -> tuple[UsageEvent, ...]:
+        """The row's event as one event per hour, its amount split exactly."""
+        return tuple(
+            event.model_copy(update={
+                "event_id": f"{event.event_id}/{index}", "ts": rfc3339(hour),
+                "cost": share / MICRO, "quantity": share / MICRO if share > 0 else 0.0})
+            for index, (hour, share) in enumerate(zip(hours, split_micro(micro, len(hours)),
+                                                      strict=True))
+        )
+
+    def _charge(self, row: Mapping[str, str], micro: int) -> ChargeKind:
+        """By the sign of the amount counted: a negative amount too small to be a micro-unit
+        counts as zero, and as the charge of a row that is not negative (so an export of it
+        reads back as the same charge)."""
+        charge, known = charge_of(row.get("ChargeCategory"), micro < 0)
+        if not known:
+            self.warnings["unmapped_charge_category"] += 1
+        return charge
 
     def _event_id(self, row: Mapping[str, str]) -> str:
         digest = hashlib.sha256(identity(row).encode()).hexdigest()[:32]
@@ -360,12 +378,14 @@ class FocusConverter:
             return Category.other
         return category
 
-    def _tags(self, row: Mapping[str, str]) -> dict[str, str]:
+    def _tags(self, row: Mapping[str, str], currency: str) -> dict[str, str]:
         fixed = {}
         for column, key in COLUMN_TAGS:
             value = tag_value(row.get(column))
             if value is not None:
                 fixed[key] = value
+        if currency != self.currency:
+            fixed[CURRENCY_TAG] = currency
         tags, dropped = merge_tags(fixed, self._row_tags(row))
         self.warnings.update(dropped)
         return tags
@@ -404,54 +424,13 @@ def open_focus(path: Path) -> Iterator[tuple[IO[str], IO[bytes]]]:
             text.close()
 
 
-def read_rows(text: IO[str], basis: CostBasis) -> Iterator[dict[str, str | None]]:
+def read_rows(text: IO[str], basis: CostBasis, spread: bool = False
+              ) -> Iterator[dict[str, str | None]]:
     """The rows of a FOCUS CSV; refuses a file without the columns an event needs."""
     reader = csv.DictReader(text)
     header = set(reader.fieldnames or ())
-    missing = [c for c in (*REQUIRED_COLUMNS, basis.column) if c not in header]
+    needed = (*REQUIRED_COLUMNS, basis.column, *(["ChargePeriodEnd"] if spread else []))
+    missing = [c for c in needed if c not in header]
     if missing:
         raise FocusFormatError(f"not a FOCUS export: no column {', '.join(missing)}")
     yield from reader
-
-
-# -- what an import did ------------------------------------------------------------------------
-
-
-@dataclass
-class ImportTally:
-    """Rows read, events made, skips by reason with their amounts, warnings: the summary."""
-
-    rows: int = 0
-    events: int = 0
-    cost_micro: int = 0
-    by_category: Counter[str] = field(default_factory=Counter)
-    skipped_rows: Counter[SkipReason] = field(default_factory=Counter)
-    skipped_micro: Counter[SkipReason] = field(default_factory=Counter)
-
-    def count(self, outcome: Converted | Skipped) -> None:
-        self.rows += 1
-        if isinstance(outcome, Converted):
-            self.events += 1
-            self.cost_micro += outcome.micro
-            category = outcome.event.category
-            self.by_category[category.value if category else "other"] += outcome.micro
-        else:
-            self.skipped_rows[outcome.reason] += 1
-            self.skipped_micro[outcome.reason] += outcome.micro
-
-    @property
-    def invalid_rows(self) -> int:
-        """Rows skipped for a fault in the data rather than by the import's own rules."""
-        return sum(n for reason, n in self.skipped_rows.items() if reason not in BY_DESIGN)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "rows_read": self.rows,
-            "events": self.events,
-            "cost_total": format_micro(self.cost_micro),
-            "cost_by_category": {k: format_micro(v) for k, v in sorted(self.by_category.items())},
-            "skipped": {
-                reason.value: {"rows": n, "cost": format_micro(self.skipped_micro[reason])}
-                for reason, n in sorted(self.skipped_rows.items())
-            },
-        }

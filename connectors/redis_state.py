@@ -159,6 +159,18 @@ class RedisState:
             out[dims] = out.get(dims, 0) + value
         return out
 
+    def interval_cells(self, measures: Sequence[Measure],
+                       intervals: Sequence[tuple[float, float]]
+                       ) -> list[dict[Dimensions, dict[Measure, int]]]:
+        """Every tag set's sum of each of ``measures`` over each of ``intervals``, one dict
+        per interval, from one read of their buckets: the FOCUS export reads a day of hours
+        at a time, gross, credits and quantity together."""
+        out: list[dict[Dimensions, dict[Measure, int]]] = [{} for _ in intervals]
+        for index, measure, dims, value in self._cells(measures, intervals):
+            sums = out[index].setdefault(dims, {})
+            sums[measure] = sums.get(measure, 0) + value
+        return out
+
     def firsts(self, measure: Measure) -> dict[Dimensions, float]:
         """Start of every tag set's oldest 5-minute slot (kept per tag set, whatever the
         measure)."""

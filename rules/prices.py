@@ -14,9 +14,19 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from costline.rules.events import SIGNED_CHARGES, Category, ChargeKind, FaultEvent, UsageEvent
+from costline.rules.rates import CurrencyCode, RateList, RateTable
 from costline.rules.yaml_source import SourceInvalid, load_document
 
 MICRO = 1_000_000
@@ -101,8 +111,21 @@ ResourceTypeKey = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-
 class PriceBookModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+    currency: CurrencyCode
     prices: Annotated[dict[ResourceTypeKey, Price], Field(min_length=1)]
+    # Dated exchange rates into ``currency`` (``costline.rules.rates``): billing data in
+    # another currency is converted with them.
+    rates: dict[CurrencyCode, RateList] = Field(default_factory=dict)
+
+    @field_validator("rates")
+    @classmethod
+    def _not_own(cls, rates: dict[str, RateList], info: ValidationInfo) -> dict[str, RateList]:
+        own = info.data.get("currency")
+        if own in rates:
+            raise PydanticCustomError(
+                "own_currency", "{code} is the book's own currency: it needs no rate",
+                {"code": own})
+        return rates
 
 
 class PricingError(ValueError):
@@ -132,6 +155,7 @@ class PriceBook:
     def __init__(self, model: PriceBookModel) -> None:
         self.currency = model.currency
         self.prices: dict[str, Price] = dict(model.prices)
+        self.rates = RateTable(model.rates)
         # Each price with its price per unit in micro-units, exact and as the nearest float
         # (see product_micro): one lookup per event.
         self._rates = {

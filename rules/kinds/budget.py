@@ -22,7 +22,7 @@ from costline.rules.findings import (
     top_contributors,
 )
 from costline.rules.kinds import ZONE_FIELD, Presentation, Rule, configured_zone, kind, listed
-from costline.rules.state import Group, StateView, align_down, through
+from costline.rules.state import Group, Measure, StateView, align_down, through
 
 FORECAST_WINDOW_S = 6 * 3600
 FORECAST_MIN_HISTORY_S = 3600
@@ -59,6 +59,11 @@ class BudgetRule(Rule):
     projected to the period end, and the alert says when the budget line will be crossed
     before it is.
 
+    Spend is the net of the bill by default: credits, refunds and downward adjustments are
+    taken off, as the invoice takes them off. ``basis: gross`` watches the spend before them,
+    for a team whose credits run out or that must not lean on them (AWS Budgets offers the
+    same choice).
+
     ```yaml
     rules:
       - name: team-monthly
@@ -67,6 +72,7 @@ class BudgetRule(Rule):
         group_by: [team]
         period: month
         timezone: Europe/Berlin
+        basis: net
         limit: 10000
         warn_at: [0.5, 0.8]
         forecast: true
@@ -80,6 +86,10 @@ class BudgetRule(Rule):
     kind: Literal["budget"]
     period: Period = Field("month", description="the calendar period: day, week or month")
     timezone: TimeZoneName = ZONE_FIELD
+    basis: Literal["net", "gross"] = Field(
+        "net", description="net: spend less credits, refunds and downward adjustments (what "
+        "the bill says); gross: spend before them"
+    )
     limit: Money = Field(description="the budget line: spend per group and period")
     warn_at: WarningLines = Field(
         (), description="warning lines, as fractions of limit below 1, ascending"
@@ -109,6 +119,11 @@ class BudgetRule(Rule):
             )
         return value
 
+    @property
+    def measure(self) -> Measure:
+        """The stored measure the budget watches: net spend is ``cost``."""
+        return "gross" if self.basis == "gross" else "cost"
+
     def budget_lines(self) -> tuple[Line, ...]:
         """Warning lines then the budget line, least serious first."""
         return _budget_lines(self.limit, self.warn_at)
@@ -116,7 +131,7 @@ class BudgetRule(Rule):
     def evaluate(self, state: StateView, now: float) -> list[Finding]:
         start, end = period_bounds(now, self.period, self.timezone)
         span = _Span(start, end, min(through(now), end), now)
-        spent = state.totals("cost", self.match, self.group_by, start, span.upto)
+        spent = state.totals(self.measure, self.match, self.group_by, start, span.upto)
         rates = self._burn_rates(state, span) if self.forecast else {}
         findings = []
         for group, value in sorted(spent.items()):
@@ -143,7 +158,7 @@ class BudgetRule(Rule):
             lines=lines,
             period=(span.start, span.end),
             top=top_contributors(
-                state, "cost", self.match, self.group_by, group, span.start, span.upto
+                state, self.measure, self.match, self.group_by, group, span.start, span.upto
             ),
             forecast=projection,
         )
@@ -155,7 +170,7 @@ class BudgetRule(Rule):
         seconds = int(rate_end - rate_start)
         if seconds < FORECAST_MIN_HISTORY_S:
             return {}
-        recent = state.totals("cost", self.match, self.group_by, rate_start, rate_end)
+        recent = state.totals(self.measure, self.match, self.group_by, rate_start, rate_end)
         return {group: Decimal(total) / seconds for group, total in recent.items()}
 
     def _project(self, span: _Span, value: int, rate: Decimal | None) -> Forecast | None:
@@ -172,7 +187,8 @@ class BudgetRule(Rule):
         who = labels_text(finding.group)
         spent = money_text(finding.value, currency)
         budget = money_text(self.limit, currency)
-        sentence = f"{who} has spent {spent} this {self.period} of a {budget} budget"
+        before = " before credits" if self.basis == "gross" else ""
+        sentence = f"{who} has spent {spent}{before} this {self.period} of a {budget} budget"
         if finding.line != FORECAST_LINE:
             sentence += f", past the {_line_words(finding.line)}"
             sentence += f" of {money_text(finding.threshold, currency)}"

@@ -26,12 +26,12 @@ from costline.connectors.focus import (
     CostBasis,
     FocusConverter,
     FocusFormatError,
-    ImportTally,
     missing_prices,
     open_focus,
     price_book_lines,
     read_rows,
 )
+from costline.connectors.focus_tally import ImportTally
 from costline.connectors.kafka import partition_of
 from costline.rules.events import MAX_BATCH, UsageEvent, UtilizationEvent, dump_event
 from costline.rules.money import money_micro
@@ -156,11 +156,12 @@ def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter, tal
                  emit: Emit | None, advance: Callable[[int], None]) -> None:
     """Every row through the converter into ``tally``; events to ``emit`` (none: a dry run)."""
     done = 0
-    for number, row in enumerate(read_rows(source, converter.basis), start=1):
+    for number, row in enumerate(read_rows(source, converter.basis, converter.spread), start=1):
         outcome = converter.convert(row)
         tally.count(outcome)
         if emit is not None and isinstance(outcome, Converted):
-            emit(outcome.event)
+            for event in outcome.events:
+                emit(event)
         if number % 256 == 0:
             position = raw.tell()
             advance(position - done)
@@ -181,6 +182,7 @@ class ImportReport:
     warnings: dict[str, int]
     seconds: float
     missing_prices: list[str]
+    spread: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         sent = self.sent.as_dict()
@@ -189,6 +191,7 @@ class ImportReport:
             "cost_basis": self.basis.value,
             "currency": self.currency,
             "dry_run": self.dry_run,
+            "spread": self.spread,
             **self.tally.as_dict(),
             "sent_events": sent["sent_events"],
             "sent_messages": sent["sent_messages"],
@@ -209,16 +212,17 @@ class ImportReport:
 
         typer.echo(f"read {_count(tally.rows, 'row')} of {self.file} "
                    f"({self.basis.column}) in {self.seconds:.2f}s")
+        amounts = (f"{money(tally.cost_micro)} net "
+                   f"({money(tally.cost_micro + tally.credits_micro)} gross, "
+                   f"{money(tally.credits_micro)} credits)")
         if self.dry_run:
-            typer.echo(f"dry run: would send {_count(tally.events, 'event')}, "
-                       f"{money(tally.cost_micro)}")
+            typer.echo(f"dry run: would send {_count(tally.events, 'event')}, {amounts}")
         else:
             typer.echo(f"sent {_count(self.sent.sent_events, 'event')} in "
-                       f"{_count(self.sent.sent_messages, 'message')}: "
-                       f"{money(tally.cost_micro)}")
+                       f"{_count(self.sent.sent_messages, 'message')}: {amounts}")
         for reason, rows in sorted(tally.skipped_rows.items()):
             typer.echo(f"  skipped {_count(rows, 'row')} ({reason.value}): "
-                       f"{money(tally.skipped_micro[reason])} not counted")
+                       f"{tally.skipped_text(reason)} not counted")
         for name, number in sorted(self.warnings.items()):
             typer.echo(f"  warning: {name} × {number}")
         if self.sent.failed_messages:
@@ -230,12 +234,12 @@ class ImportReport:
 
 
 def _run_import(ctx: typer.Context, file: Path, basis: CostBasis, dry_run: bool, batch: int,
-                show_progress: bool) -> ImportReport:
+                show_progress: bool, spread: bool = False) -> ImportReport:
     book = _price_book(ctx)
     missing = missing_prices(book)
     if missing and not dry_run:
         _refuse_without_prices(book, missing, settings_of(ctx).prices)
-    converter = FocusConverter(basis, book.currency)
+    converter = FocusConverter(basis, book.currency, rates=book.rates, spread=spread)
     tally, sent = ImportTally(), Summary()
     began = time.perf_counter()
     bar, advance = _progress([str(file)], show_progress)
@@ -246,7 +250,8 @@ def _run_import(ctx: typer.Context, file: Path, basis: CostBasis, dry_run: bool,
             with usage_stream(ctx, sent, batch) as stream:
                 convert_file(source, raw, converter, tally, stream.emit, advance)
     return ImportReport(str(file), basis, book.currency, dry_run, tally, sent,
-                        dict(converter.warnings), time.perf_counter() - began, sorted(missing))
+                        dict(converter.warnings), time.perf_counter() - began, sorted(missing),
+                        spread)
 
 
 import_app = typer.Typer(name="import", help="Import billing data as usage events.",
@@ -260,21 +265,25 @@ def focus(
     cost: CostBasis = typer.Option(
         CostBasis.effective, "--cost", help="effective: EffectiveCost (commitments amortised); "
         "billed: BilledCost (as invoiced)."),
+    spread: bool = typer.Option(False, "--spread", help="Spread a charge over more than an hour "
+                                "(a monthly fee) evenly over its hours, exactly."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Read and convert, send nothing."),
     batch: int = typer.Option(DEFAULT_BATCH, min=1, max=MAX_BATCH, help="Events per message."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Send every row of a FOCUS export as a usage event with the row's cost.
 
-    Credits and other negative amounts are not subtracted: they are skipped and reported.
-    Exit code 1 when rows were skipped for bad data, 2 when Kafka did not take every event.
+    Credits, refunds and corrections count with their sign; a row in another currency is
+    converted with the price book's rates. Only rows that cannot be counted are skipped (NULL
+    or non-numeric cost, a bad time, a currency without a rate): reported with their count and
+    total. Exit code 1 when rows were skipped, 2 when Kafka did not take every event.
     """
     if not file.is_file():
         _err.print(f"[bold red]costline import:[/] {file}: no such file")
         raise typer.Exit(2)
     try:
         report = _run_import(ctx, file, cost, dry_run, batch,
-                             _err.is_terminal and not as_json)
+                             _err.is_terminal and not as_json, spread)
     except (FocusFormatError, csv.Error, UnicodeDecodeError, OSError) as exc:
         _err.print(f"[bold red]costline import:[/] {file}: {exc}")
         raise typer.Exit(2) from exc

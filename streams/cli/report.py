@@ -159,23 +159,23 @@ class _Window:
 class _HourlySpend:
     """Hourly spend per combination of every dimension the budget rules match or group on.
 
-    Read with one ``series`` call for all budget rules, then narrowed to each rule, so the
-    report's cost does not grow with the number of budget rules.
+    Read with one ``series`` call for all budget rules of a basis (net or gross), then
+    narrowed to each rule, so the report's cost does not grow with the number of budget rules.
     """
 
     dimensions: tuple[str, ...]
     cells: Mapping[Group, Mapping[int, int]]
 
     @classmethod
-    def read(cls, state: SpendReader, windows: Sequence[tuple[BudgetRule, _Window]]
-             ) -> _HourlySpend:
+    def read(cls, state: SpendReader, windows: Sequence[tuple[BudgetRule, _Window]],
+             measure: Measure) -> _HourlySpend:
         dimensions = tuple(sorted({key for rule, _ in windows
                                    for key in (*rule.match, *rule.group_by)}))
         start = min((window.first_hour for _, window in windows), default=0.0)
         end = max((window.upto for _, window in windows), default=0.0)
         if end <= start:
             return cls(dimensions, {})
-        return cls(dimensions, state.series("cost", {}, dimensions, start, end, step=HOUR_S))
+        return cls(dimensions, state.series(measure, {}, dimensions, start, end, step=HOUR_S))
 
     def of(self, rule: BudgetRule, window: _Window) -> dict[Group, dict[int, int]]:
         """The rule's groups' spend per hour of its window."""
@@ -195,14 +195,16 @@ def _budget_charts(state: SpendReader, rules: RuleSet, book: AlertBook,
                    request: ReportRequest) -> tuple[BudgetChart, ...]:
     windows = [(rule, _Window.of(rule, request)) for rule in rules
                if isinstance(rule, BudgetRule)]
-    hourly = _HourlySpend.read(state, windows)
-    return tuple(_budget_chart(state, hourly, rule, window, book, request.now)
+    hourly = {measure: _HourlySpend.read(state, [w for w in windows if w[0].measure == measure],
+                                         measure)
+              for measure in {rule.measure for rule, _ in windows}}
+    return tuple(_budget_chart(state, hourly[rule.measure], rule, window, book, request.now)
                  for rule, window in windows)
 
 
 def _budget_chart(state: SpendReader, hourly: _HourlySpend, rule: BudgetRule, window: _Window,
                   book: AlertBook, now: float) -> BudgetChart:
-    spent = state.totals("cost", rule.match, rule.group_by, window.start, window.upto)
+    spent = state.totals(rule.measure, rule.match, rule.group_by, window.start, window.upto)
     lines = _cumulative(state, rule, window, hourly.of(rule, window))
     rates = _burn_rates(state, rule, window.start, now) if window.running else {}
     groups = tuple(
@@ -232,7 +234,7 @@ def _cumulative(state: SpendReader, rule: BudgetRule, window: _Window,
     reads the part before its first whole hour as one total.
     """
     first_hour = window.first_hour
-    head = state.totals("cost", rule.match, rule.group_by, window.start, first_hour) \
+    head = state.totals(rule.measure, rule.match, rule.group_by, window.start, first_hour) \
         if first_hour > window.start else {}
     grid = range(int(first_hour), int(window.upto), HOUR_S)
     out = {}
@@ -256,7 +258,7 @@ def _burn_rates(state: SpendReader, rule: BudgetRule, start: float, now: float
     seconds = int(rate_end - rate_start)
     if seconds < FORECAST_MIN_HISTORY_S:
         return {}
-    recent = state.totals("cost", rule.match, rule.group_by, rate_start, rate_end)
+    recent = state.totals(rule.measure, rule.match, rule.group_by, rate_start, rate_end)
     return {group: Decimal(total) / seconds for group, total in recent.items()}
 
 

@@ -17,6 +17,8 @@ from costline.streams.cli import command_group
 from costline.streams.cli.root import AT_HELP, moment, zone_option
 
 PERIODS = ("day", "week", "month")
+# ``--basis`` → the measure and the key of ``--json`` rows: net spend is ``cost``.
+BASES: dict[str, Measure] = {"net": "cost", "gross": "gross", "credits": "credits"}
 
 
 _TAG_KEY = TypeAdapter(TagKey)
@@ -78,21 +80,32 @@ Filters = Mapping[str, str | Sequence[str]]
 
 
 def spend_report(state: Any, currency: str, by: Sequence[str], where: Filters,
-                 start: float, end: float, peaks: bool = False) -> dict[str, Any]:
-    """The rows of ``spend --json``: one per group, cost and waste, sorted by cost descending.
+                 start: float, end: float, peaks: bool = False, basis: str = "net"
+                 ) -> dict[str, Any]:
+    """The rows of ``spend --json``: one per group, sorted by the ``basis`` descending (net
+    spend, the contract's order, by default).
 
-    ``where`` maps a key to a glob, or to several globs any of which it may match."""
+    Every row has the three figures of money: ``cost`` is the net (what the bill says),
+    ``gross`` the spend before credits, refunds and downward adjustments, ``credits`` those
+    (as a positive amount); and ``waste``. ``where`` maps a key to a glob, or to several globs
+    any of which it may match."""
     from costline.rules.durations import rfc3339
     from costline.rules.prices import format_micro
 
     query = _Query(by, where)
-    cost, waste = query.totals(state, ("cost", "waste"), start, end)
+    gross, credits, waste = query.totals(state, ("gross", "credits", "waste"), start, end)
+    # The net from the two parts read rather than a third pass over the same fields.
+    cost = {g: gross.get(g, 0) - credits.get(g, 0) for g in set(gross) | set(credits)}
+    order = {"cost": cost, "gross": gross, "credits": credits}[BASES[basis]]
     peak = query.peaks(state, start, end) if peaks else {}
     rows = []
-    for group in sorted(set(cost) | set(waste), key=lambda g: (-cost.get(g, 0), g)):
+    groups = set(cost) | set(gross) | set(credits) | set(waste)
+    for group in sorted(groups, key=lambda g: (-order.get(g, 0), g)):
         row: dict[str, Any] = {
             "group": dict(zip(by, group, strict=True)),
             "cost": format_micro(cost.get(group, 0)),
+            "gross": format_micro(gross.get(group, 0)),
+            "credits": format_micro(credits.get(group, 0)),
             "waste": format_micro(waste.get(group, 0)),
         }
         if peaks:
@@ -162,7 +175,7 @@ class _Query:
         return {group: max(hours.values()) for group, hours in hourly.items() if hours}
 
 
-def _table(report: dict[str, Any], by: Sequence[str]) -> None:
+def _table(report: dict[str, Any], by: Sequence[str], basis: str = "net") -> None:
     from decimal import Decimal
 
     from rich.console import Console
@@ -174,16 +187,17 @@ def _table(report: dict[str, Any], by: Sequence[str]) -> None:
     table = Table(title=f"Spend {period['start']} → {period['end']}")
     for key in by:
         table.add_column(key)
-    table.add_column("cost", justify="right")
+    table.add_column(basis, justify="right")
     table.add_column("waste", justify="right")
     peaks = bool(report["rows"]) and "peak_hourly" in report["rows"][0]
     if peaks:
         table.add_column("peak/h", justify="right")
     cost = waste = Decimal(0)
     for row in report["rows"]:
-        cost, waste = cost + Decimal(row["cost"]), waste + Decimal(row["waste"])
+        shown = Decimal(row[BASES[basis]])
+        cost, waste = cost + shown, waste + Decimal(row["waste"])
         cells = [row["group"][key] or "—" for key in by]
-        cells += [money(Decimal(row["cost"]), currency), money(Decimal(row["waste"]), currency)]
+        cells += [money(shown, currency), money(Decimal(row["waste"]), currency)]
         table.add_row(*cells, *([money(Decimal(row["peak_hourly"]), currency)] if peaks else []))
     if by:
         # A sum of hourly peaks is no one's peak: the total row leaves that column empty.
@@ -199,7 +213,7 @@ def register(app: typer.Typer) -> None:
     def spend(
         ctx: typer.Context,
         by: str = typer.Option("", metavar="KEY,...", help="Group by these keys (tags, "
-                               "category, resource_type, billing), comma-separated."),
+                               "category, resource_type, billing, charge), comma-separated."),
         where: list[str] = typer.Option([], metavar="KEY=VALUE", help="Filter (a * glob is "
                                         "allowed); repeatable: different keys must all match, "
                                         "a key given again matches any of its values."),
@@ -208,9 +222,13 @@ def register(app: typer.Typer) -> None:
         zone: str | None = typer.Option(None, "--tz", callback=zone_option, help="Time zone "
                                         "of the period; default COSTLINE_TIMEZONE."),
         peaks: bool = typer.Option(False, help="Also give each group's peak hourly spend."),
+        basis: str = typer.Option("net", help="The money shown and sorted by: net (less "
+                                  "credits, refunds and downward adjustments: the bill), "
+                                  "gross (before them) or credits (them alone)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON: currency, period "
-                                     "(start, end) and rows (group, cost, waste; peak_hourly "
-                                     "with --peaks), amounts as decimal strings."),
+                                     "(start, end) and rows (group, cost (the net), gross, "
+                                     "credits, waste; peak_hourly with --peaks), amounts as "
+                                     "decimal strings."),
     ) -> None:
         """Spend and waste per group for a day, week or month."""
         from costline.connectors.redis_client import connect
@@ -222,6 +240,9 @@ def register(app: typer.Typer) -> None:
         settings = settings_of(ctx)
         if period not in PERIODS:
             raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
+        if basis not in BASES:
+            raise typer.BadParameter(f"{basis!r}: one of net, gross, credits",
+                                     param_hint="--basis")
         keys = group_keys(by)
         filters = parse_filters(where)
         zone = zone or settings.timezone
@@ -230,7 +251,7 @@ def register(app: typer.Typer) -> None:
         state = RedisState(connect(settings.redis_url, timeout_s=30), settings.namespace,
                            settings.timezone)
         currency = PriceBook.load(settings.prices).currency
-        report = spend_report(state, currency, keys, filters, start, end, peaks)
+        report = spend_report(state, currency, keys, filters, start, end, peaks, basis)
         _warn_if_short(state, start, end)
         for key in absent_keys(report, keys):
             typer.echo(f"costline spend: no event in this period carries the key {key!r}: "
@@ -238,7 +259,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:
-            _table(report, keys)
+            _table(report, keys, basis)
 
 
 def _warn_if_short(state: Any, start: float, end: float) -> None:

@@ -25,17 +25,18 @@ def test_an_action_line_shows_the_saving_as_money() -> None:
 def test_the_import_summary_shows_money_and_json_keeps_it_exact(capsys) -> None:
     from collections import Counter
 
-    from costline.connectors.focus import CostBasis, ImportTally, SkipReason
+    from costline.connectors.focus import CostBasis, SkipReason
+    from costline.connectors.focus_tally import ImportTally
     from costline.streams.cli.import_cmd import ImportReport
     from costline.streams.cli.produce_cmd import Summary
 
-    tally = ImportTally(rows=1000, events=987, cost_micro=18_138_486,
-                        skipped_rows=Counter({SkipReason.credit: 1}),
-                        skipped_micro=Counter({SkipReason.credit: -3_000_000}))
+    tally = ImportTally(rows=1000, events=999, cost_micro=14_976_514, credits_micro=3_161_972,
+                        skipped_rows=Counter({SkipReason.null_cost: 1}),
+                        skipped_micro={SkipReason.null_cost: Counter({"USD": -3_000_000})})
     report = ImportReport("bill.csv", CostBasis.effective, "USD", True, tally, Summary(), {},
                           0.5, [])
     report.print()
     assert capsys.readouterr().out.splitlines()[1:] == [
-        "dry run: would send 987 events, $18.14",
-        "  skipped 1 row (credit): -$3.00 not counted"]
-    assert "18.138486" in json.dumps(report.as_dict())
+        "dry run: would send 999 events, $14.98 net ($18.14 gross, $3.16 credits)",
+        "  skipped 1 row (null_cost): -$3.00 not counted"]
+    assert "14.976514" in json.dumps(report.as_dict())

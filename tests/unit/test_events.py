@@ -477,3 +477,27 @@ def test_an_event_with_one_field_replaced_by_any_json_value_never_raises(event, 
     batch = parse_message(json.dumps([usage(), event]).encode(), now=NOW)
     assert_well_formed(batch)
     assert isinstance(batch, Parsed) == isinstance(single, Parsed)
+
+
+def test_every_usage_event_example_in_readme_is_accepted_and_priced() -> None:
+    """README's Events section shows the format; its examples must stay events the worker
+    counts (a credit among them, with its negative cost)."""
+    import re
+    from pathlib import Path
+
+    from costline.rules.prices import PriceBook
+
+    repo = Path(__file__).resolve().parents[2]
+    book = PriceBook.load(repo / "rules" / "prices" / "example.yaml")
+    text = (repo / "README.md").read_text()
+    examples = re.findall(r"```json\n(.*?)```", text, flags=re.DOTALL)
+    assert len(examples) >= 2
+    charges = []
+    for example in examples:
+        parsed = parse_message(example.encode())
+        assert isinstance(parsed, Parsed), (parsed, example)
+        [event] = parsed.events
+        if isinstance(event, UsageEvent):
+            charges.append(book.charge(event))
+    assert [c.charge.value for c in charges] == ["usage", "credit"]
+    assert charges[1].cost_micro == -500_000_000

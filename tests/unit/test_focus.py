@@ -1,4 +1,5 @@
-"""FOCUS rows → usage events, without a broker: costs, skips, ids, tags, files, batching.
+"""FOCUS rows → usage events, without a broker: costs, charges, currencies, spreading, skips,
+ids, tags, files, batching.
 
 Part of these tests run on real billing data: the FinOps Foundation's FOCUS 1.0 sample
 (``FOCUS-Sample-Data``, ``FOCUS-1.0/focus_sample.csv``, 1,000 anonymized rows from AWS, Google
@@ -13,6 +14,7 @@ import gzip
 import io
 import json
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,6 @@ from costline.connectors.focus import (
     CostBasis,
     FocusConverter,
     FocusFormatError,
-    ImportTally,
     Skipped,
     SkipReason,
     focus_prices,
@@ -36,8 +37,12 @@ from costline.connectors.focus import (
     read_rows,
     tag_key,
 )
-from costline.rules.events import Parsed, parse_message
+from costline.connectors.focus_spread import hours_of, split_micro
+from costline.connectors.focus_tally import ImportTally
+from costline.connectors.focus_vocabulary import charge_of
+from costline.rules.events import ChargeKind, Parsed, parse_message
 from costline.rules.prices import PriceBook, PriceBookModel
+from costline.rules.rates import RateEntry, RateTable
 from costline.streams.cli.import_cmd import PartitionBatcher, partition_of
 
 SAMPLE = Path("/work/shared/data/focus/focus_1.0_sample_1000.csv")
@@ -60,8 +65,12 @@ def row(**cells: str) -> dict[str, str | None]:
     return base
 
 
+RATES = RateTable({"EUR": [RateEntry.model_validate({"from": "2024-01-01", "rate": "1.1"}),
+                            RateEntry.model_validate({"from": "2024-09-18", "rate": "1.25"})]})
+
+
 def convert(basis: CostBasis = CostBasis.effective, **cells: str) -> Converted | Skipped:
-    return FocusConverter(basis, "USD", now=NOW).convert(row(**cells))
+    return FocusConverter(basis, "USD", now=NOW, rates=RATES).convert(row(**cells))
 
 
 def converted(**cells: str) -> Converted:
@@ -89,29 +98,106 @@ def test_billed_basis_takes_billed_cost() -> None:
     assert isinstance(outcome, Converted) and outcome.event.cost == 12.5
 
 
-@pytest.mark.parametrize(("cells", "reason", "micro"), [
-    ({"EffectiveCost": "-3", "ChargeCategory": "Credit"}, SkipReason.credit, -3_000_000),
-    ({"EffectiveCost": "-0.5", "ChargeClass": "Correction"}, SkipReason.correction, -500_000),
-    ({"EffectiveCost": "-0.00000764078"}, SkipReason.negative_cost, -8),
-    ({"EffectiveCost": "NULL"}, SkipReason.null_cost, 0),
-    ({"EffectiveCost": ""}, SkipReason.null_cost, 0),
-    ({"EffectiveCost": "twelve"}, SkipReason.bad_cost, 0),
-    ({"EffectiveCost": "NaN"}, SkipReason.bad_cost, 0),
-    ({"EffectiveCost": "1e400"}, SkipReason.bad_cost, 0),
-    ({"ChargePeriodStart": "NULL"}, SkipReason.bad_timestamp, 10_250_000),
-    ({"ChargePeriodStart": "18/09/2024"}, SkipReason.bad_timestamp, 10_250_000),
-    ({"ChargePeriodStart": "2027-01-01 00:00:00"}, SkipReason.future, 10_250_000),
-    ({"BillingCurrency": "EUR"}, SkipReason.other_currency, 10_250_000),
+@pytest.mark.parametrize(("cells", "reason", "micro", "currency"), [
+    ({"EffectiveCost": "NULL"}, SkipReason.null_cost, 0, "USD"),
+    ({"EffectiveCost": ""}, SkipReason.null_cost, 0, "USD"),
+    ({"EffectiveCost": "twelve"}, SkipReason.bad_cost, 0, "USD"),
+    ({"EffectiveCost": "NaN"}, SkipReason.bad_cost, 0, "USD"),
+    ({"EffectiveCost": "1e400"}, SkipReason.bad_cost, 0, "USD"),
+    ({"ChargePeriodStart": "NULL"}, SkipReason.bad_timestamp, 10_250_000, "USD"),
+    ({"ChargePeriodStart": "18/09/2024"}, SkipReason.bad_timestamp, 10_250_000, "USD"),
+    ({"ChargePeriodStart": "2027-01-01 00:00:00"}, SkipReason.future, 10_250_000, "USD"),
+    ({"BillingCurrency": "GBP"}, SkipReason.no_rate, 10_250_000, "GBP"),
+    ({"BillingCurrency": "EUR", "ChargePeriodStart": "2023-12-31 23:00:00"},
+     SkipReason.no_rate, 10_250_000, "EUR"),  # before the first rate held
+    ({"BillingCurrency": "EUR", "EffectiveCost": "999999999"}, SkipReason.bad_cost,
+     999_999_999_000_000, "EUR"),  # a billion or more once converted
 ])
 def test_rows_that_cannot_be_events_are_skipped_with_reason_and_amount(
-    cells: dict[str, str], reason: SkipReason, micro: int,
+    cells: dict[str, str], reason: SkipReason, micro: int, currency: str,
 ) -> None:
-    assert convert(**cells) == Skipped(reason, micro)
+    assert convert(**cells) == Skipped(reason, micro, currency)
+
+
+# -- charges: every row counts, with its sign ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("category", "negative", "charge", "known"), [
+    ("Usage", False, ChargeKind.usage, True),
+    ("Purchase", False, ChargeKind.purchase, True),
+    ("Tax", False, ChargeKind.tax, True),
+    ("Credit", False, ChargeKind.credit, True),  # a credit taken back adds to gross spend
+    ("Adjustment", False, ChargeKind.adjustment, True),
+    ("Credit", True, ChargeKind.credit, True),
+    ("credit", True, ChargeKind.credit, True),
+    ("Usage", True, ChargeKind.adjustment, True),  # a refund or a reversal
+    ("Tax", True, ChargeKind.adjustment, True),
+    ("Purchase", True, ChargeKind.adjustment, True),
+    ("Adjustment", True, ChargeKind.adjustment, True),
+    ("Rebate", False, ChargeKind.usage, False),
+    ("Rebate", True, ChargeKind.adjustment, False),
+    (None, False, ChargeKind.usage, False),
+])
+def test_the_charge_follows_the_charge_category_and_the_sign(
+    category: str | None, negative: bool, charge: ChargeKind, known: bool,
+) -> None:
+    assert charge_of(category, negative) == (charge, known)
+
+
+def test_a_credit_is_an_event_with_a_negative_cost_and_no_quantity() -> None:
+    outcome = converted(EffectiveCost="-3", ChargeCategory="Credit", ResourceId="NULL")
+    event = outcome.event
+    assert (event.cost, event.quantity, event.charge, outcome.micro) == (
+        -3.0, 0.0, ChargeKind.credit, -3_000_000)
+    assert event.tags["charge_category"] == "Credit"
+
+
+def test_a_negative_usage_row_is_an_adjustment_that_keeps_focus_words_in_its_tags() -> None:
+    event = converted(EffectiveCost="-0.00000764078", ChargeClass="Correction").event
+    assert (event.cost, event.charge) == (-0.000008, ChargeKind.adjustment)
+    assert (event.tags["charge_category"], event.tags["charge_class"]) == ("Usage", "Correction")
+
+
+def test_negative_events_are_priced_by_the_worker_with_their_sign() -> None:
+    book = PriceBook(PriceBookModel(currency="USD", prices=focus_prices("USD")))
+    for cells in ({"EffectiveCost": "-3", "ChargeCategory": "Credit"},
+                  {"EffectiveCost": "-0.149", "ChargeCategory": "Usage"},
+                  {"EffectiveCost": "-1.5", "ChargeCategory": "Tax"}):
+        outcome = converted(**cells)
+        parsed = parse_message(outcome.event.model_dump_json(exclude_none=True).encode(), now=NOW)
+        assert isinstance(parsed, Parsed)
+        assert book.charge(parsed.events[0]).cost_micro == outcome.micro  # type: ignore[arg-type]
+
+
+def test_an_unknown_charge_category_counts_and_is_a_warning() -> None:
+    converter = FocusConverter(CostBasis.effective, "USD", now=NOW)
+    outcome = converter.convert(row(ChargeCategory="Rebate"))
+    assert isinstance(outcome, Converted) and outcome.event.charge is ChargeKind.usage
+    assert converter.warnings == {"unmapped_charge_category": 1}
 
 
 def test_a_positive_correction_counts_and_says_so() -> None:
     event = converted(EffectiveCost="0.75", ChargeClass="Correction").event
     assert (event.cost, event.tags["charge_class"]) == (0.75, "Correction")
+
+
+# -- currencies ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("start", "cost", "micro"), [
+    ("2024-09-17 23:00:00", "10.25", 11_275_000),  # 1.1
+    ("2024-09-18 00:00:00", "10.25", 12_812_500),  # 1.25 from that date on
+    ("2024-09-18 00:00:00", "-0.0000015", -2),  # exact product, rounded once, half to even
+    ("2024-09-18 00:00:00", "0.0000003", 0),
+])
+def test_a_row_in_another_currency_is_converted_with_the_rate_of_its_date(
+    start: str, cost: str, micro: int,
+) -> None:
+    outcome = converted(BillingCurrency="EUR", ChargePeriodStart=start, EffectiveCost=cost)
+    assert outcome.micro == micro
+    assert outcome.event.cost == micro / 1_000_000
+    assert outcome.event.tags["billing_currency"] == "EUR"
+    assert "billing_currency" not in converted().event.tags
 
 
 def test_zero_cost_rows_are_sent_they_are_usage_that_cost_nothing() -> None:
@@ -132,6 +218,116 @@ def test_costs_reach_the_worker_rounded_once_half_to_even() -> None:
         assert book.charge(parsed.events[0]).cost_micro == micro  # type: ignore[arg-type]
 
 
+# -- spreading ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("micro", "parts", "shares"), [
+    (10, 3, [3, 3, 4]),
+    (-10, 3, [-3, -3, -4]),
+    (2, 3, [0, 0, 2]),
+    (744_000_001, 744, [1_000_000] * 743 + [1_000_001]),
+    (5, 1, [5]),
+    (0, 4, [0, 0, 0, 0]),
+])
+def test_an_amount_splits_into_equal_micro_units_with_the_remainder_last(
+    micro: int, parts: int, shares: list[int],
+) -> None:
+    assert split_micro(micro, parts) == shares
+    assert sum(shares) == micro
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("start", "end", "count"), [
+    ("2024-09-01T00:00:00", "2024-10-01T00:00:00", 720),
+    ("2024-09-01T00:00:00", "2024-09-02T00:00:00", 24),
+    ("2024-09-01T00:00:00", "2024-09-01T01:00:00", 1),
+    ("2024-09-01T00:30:00", "2024-09-01T02:00:00", 2),  # a started hour is an hour
+    ("2024-09-01T00:00:00", "2024-09-01T00:00:00", 1),
+])
+def test_the_hours_of_a_charge_period_are_counted_from_its_start(
+    start: str, end: str, count: int,
+) -> None:
+    hours = hours_of(at(start), at(end))
+    assert len(hours) == count and hours[0] == at(start)
+    assert all(b - a == timedelta(hours=1) for a, b in zip(hours, hours[1:], strict=False))
+
+
+def spread(**cells: str) -> Converted | Skipped:
+    return FocusConverter(CostBasis.effective, "USD", now=NOW, rates=RATES,
+                          spread=True).convert(row(**cells))
+
+
+def test_a_monthly_fee_spread_is_one_event_per_hour_exactly() -> None:
+    outcome = spread(ChargePeriodStart="2024-09-01 00:00:00",
+                     ChargePeriodEnd="2024-10-01 00:00:00", EffectiveCost="100")
+    assert isinstance(outcome, Converted) and len(outcome.events) == 720
+    costs = [round(e.cost * 1_000_000) for e in outcome.events if e.cost is not None]
+    assert costs == [138_888] * 719 + [100_000_000 - 719 * 138_888]
+    assert sum(costs) == outcome.micro == 100_000_000
+    assert [e.quantity for e in outcome.events] == [e.cost for e in outcome.events]
+    first, last = outcome.events[0], outcome.events[-1]
+    assert (first.ts, last.ts) == ("2024-09-01T00:00:00Z", "2024-09-30T23:00:00Z")
+    assert last.event_id == outcome.event.event_id + "/719"
+    assert len({e.event_id for e in outcome.events}) == 720
+
+
+def test_a_spread_credit_stays_a_credit_in_every_hour() -> None:
+    outcome = spread(ChargePeriodStart="2024-09-01 00:00:00", ChargeCategory="Credit",
+                     ChargePeriodEnd="2024-09-02 00:00:00", EffectiveCost="-1")
+    assert isinstance(outcome, Converted) and len(outcome.events) == 24
+    assert {(e.charge, e.quantity) for e in outcome.events} == {(ChargeKind.credit, 0.0)}
+    assert sum(round((e.cost or 0) * 1_000_000) for e in outcome.events) == -1_000_000
+
+
+def test_an_hourly_charge_is_not_spread() -> None:
+    outcome = spread()
+    assert isinstance(outcome, Converted) and outcome.events == (outcome.event,)
+    assert not outcome.event.event_id.endswith("/0")
+
+
+@pytest.mark.parametrize(("cells", "reason"), [
+    ({"ChargePeriodEnd": "NULL"}, SkipReason.bad_timestamp),
+    ({"ChargePeriodEnd": "2024-09-18 21:00:00"}, SkipReason.bad_timestamp),  # before start
+    ({"ChargePeriodStart": "2026-11-01 00:00:00",
+      "ChargePeriodEnd": "2026-12-01 00:00:00"}, SkipReason.future),  # its last hours
+])
+def test_a_charge_that_cannot_be_spread_is_skipped(
+    cells: dict[str, str], reason: SkipReason,
+) -> None:
+    outcome = spread(**cells)
+    assert isinstance(outcome, Skipped) and outcome.reason is reason
+
+
+def test_spreading_needs_the_charge_period_end_column(tmp_path: Path) -> None:
+    path = tmp_path / "no-end.csv"
+    path.write_text(csv_text([{k: v for k, v in row().items() if k != "ChargePeriodEnd"}]))
+    with open_focus(path) as (text, _), pytest.raises(FocusFormatError, match="ChargePeriodEnd"):
+        list(read_rows(text, CostBasis.effective, spread=True))
+
+
+# -- the tally ------------------------------------------------------------------------------------
+
+
+def test_skipped_amounts_are_told_in_their_own_currency() -> None:
+    tally = ImportTally()
+    for outcome in (convert(BillingCurrency="GBP"), convert(BillingCurrency="GBP"),
+                    convert(EffectiveCost="NULL"), convert(ChargePeriodStart="soon"),
+                    convert(EffectiveCost="-2", ChargeCategory="Credit"), convert()):
+        tally.count(outcome)
+    assert (tally.rows, tally.events, tally.invalid_rows) == (6, 2, 4)
+    assert tally.as_dict()["skipped"] == {
+        "bad_timestamp": {"rows": 1, "cost": {"USD": "10.250000"}},
+        "no_rate": {"rows": 2, "cost": {"GBP": "20.500000"}},
+        "null_cost": {"rows": 1, "cost": {"USD": "0.000000"}},
+    }
+    assert tally.skipped_text(SkipReason.no_rate) == "£20.50"
+    assert (tally.as_dict()["cost_total"], tally.as_dict()["gross_total"],
+            tally.as_dict()["credits_total"]) == ("8.250000", "10.250000", "2.000000")
+
+
 # -- the real sample --------------------------------------------------------------------------
 
 
@@ -149,7 +345,9 @@ def convert_sample(basis: CostBasis) -> tuple[list[Converted], ImportTally, Focu
 
 @needs_sample
 @pytest.mark.parametrize("basis", list(CostBasis))
-def test_the_sample_converts_to_the_csv_sums_per_category(basis: CostBasis) -> None:
+def test_every_row_of_the_sample_counts_and_sums_to_the_csv_per_category(
+    basis: CostBasis,
+) -> None:
     category = {"Compute": "compute", "AI and Machine Learning": "compute",
                 "Databases": "database", "Storage": "storage", "Networking": "network",
                 "Management and Governance": "observability", "Identity": "security",
@@ -159,19 +357,25 @@ def test_the_sample_converts_to_the_csv_sums_per_category(basis: CostBasis) -> N
     with SAMPLE.open(newline="") as handle:
         for line in csv.DictReader(handle):
             amount = Decimal(line[basis.column])
-            if amount < 0:
-                negative += 1
-                continue
             micro = int((amount * 1_000_000).quantize(Decimal(1), ROUND_HALF_EVEN))
+            negative += micro < 0
             expected[category[line["ServiceCategory"]]] += micro
     events, tally, converter = convert_sample(basis)
-    assert tally.rows == 1000 and tally.events == len(events) == 1000 - negative
-    assert sum(tally.skipped_rows[r] for r in (SkipReason.credit, SkipReason.negative_cost)) \
-        == negative
-    assert tally.invalid_rows == 0
-    assert dict(tally.by_category) == {k: v for k, v in expected.items()}
+    assert tally.rows == tally.events == len(events) == 1000
+    assert tally.invalid_rows == 0 and not tally.skipped_rows
+    assert dict(tally.by_category) == dict(expected)
+    assert sum(e.event.charge is not ChargeKind.usage for e in events) == negative + 2
     assert len({e.event.event_id for e in events}) == len(events)
     assert converter.warnings["tag_key_clash"] > 0  # " org" beside "org" in the sample
+
+
+@needs_sample
+def test_the_sample_nets_to_its_bill() -> None:
+    """The FOCUS sample's EffectiveCost sums to 14.976514 USD (the bill), 18.138486 before its
+    13 negative rows: a credit of 3 and 0.161972 of refunds and reversals (adjustments)."""
+    _, tally, _ = convert_sample(CostBasis.effective)
+    assert (tally.cost_micro, tally.credits_micro) == (14_976_514, 3_161_972)
+    assert tally.by_charge == {"usage": 18_138_486, "adjustment": -161_972, "credit": -3_000_000}
 
 
 # -- event ids --------------------------------------------------------------------------------
@@ -205,6 +409,7 @@ def test_identical_rows_in_one_file_are_distinct_charges() -> None:
     ("CostCenter", "cost_center"), ("ms:Department", "ms_department"), (" org", "org"),
     ("aks-managed-poolName", "aks_managed_pool_name"), ("FOCUS-Test", "focus_test"),
     ("2fa", "tag_2fa"), ("___", None), ("x" * 80, "x" * 63), ("business_unit", "business_unit"),
+    ("a__b", "a__b"), ("team_", "team_"),  # costline's own keys come back as they were
 ])
 def test_foreign_tag_keys_are_normalised(raw: str, key: str | None) -> None:
     assert tag_key(raw) == key
@@ -338,7 +543,8 @@ def test_dry_run_reports_without_kafka() -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert (report["rows_read"], report["sent_events"], report["dry_run"]) == (1000, 0, True)
-    assert report["skipped"]["credit"] == {"rows": 1, "cost": "-3.000000"}
+    assert (report["events"], report["skipped"]) == (1000, {})
+    assert (report["cost_total"], report["credits_total"]) == ("14.976514", "3.161972")
 
 
 def test_an_import_the_worker_could_not_price_stops_before_sending(tmp_path: Path) -> None:
@@ -351,3 +557,22 @@ def test_an_import_the_worker_could_not_price_stops_before_sending(tmp_path: Pat
                  "import", "focus", str(path))
     assert result.exit_code == 2
     assert "focus.compute:" in result.output and "unit: usd, price: 1" in result.output
+
+
+@needs_sample
+def test_dry_run_with_spread_counts_an_event_per_hour_of_the_daily_rows() -> None:
+    result = cli("import", "focus", str(SAMPLE), "--spread", "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["rows_read"], report["rows_counted"], report["spread"]) == (1000, 1000, True)
+    assert report["events"] == 949 + 51 * 24  # the sample's daily rows, spread over 24 hours
+    assert report["cost_total"] == "14.976514"
+
+
+def test_rows_that_cannot_be_counted_make_exit_code_1_and_are_told(tmp_path: Path) -> None:
+    path = tmp_path / "bill.csv"
+    path.write_text(csv_text([row(), row(BillingCurrency="GBP"), row(EffectiveCost="NULL")]))
+    result = cli("import", "focus", str(path), "--dry-run")
+    assert result.exit_code == 1, result.output
+    assert "skipped 1 row (no_rate): £10.25 not counted" in result.stdout
+    assert "skipped 1 row (null_cost): $0.00 not counted" in result.stdout

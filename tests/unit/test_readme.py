@@ -37,9 +37,11 @@ WORDS = " ".join(EVENTS.split())
 EXAMPLES = re.findall(r"```json\n(.*?)```", EVENTS, re.S)
 
 
-def test_the_events_section_shows_one_event_of_each_kind() -> None:
+def test_the_events_section_shows_one_event_of_each_kind_and_a_credit() -> None:
     kinds = [json.loads(example)["kind"] for example in EXAMPLES]
-    assert kinds == ["usage", "utilization", "fault"]
+    assert sorted(set(kinds)) == ["fault", "usage", "utilization"]
+    assert any(json.loads(e).get("charge") == "credit" and json.loads(e)["cost"] < 0
+               for e in EXAMPLES)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: json.loads(e)["kind"])

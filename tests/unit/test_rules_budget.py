@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from costline.rules.durations import rfc3339
+from costline.rules.events import ChargeKind, UsageEvent
 from costline.rules.findings import Finding
 from costline.rules.kinds.budget import BudgetRule
 from costline.rules.memory_state import InMemoryState
@@ -148,3 +149,31 @@ def test_the_summary_names_the_group_the_figure_and_the_line() -> None:
 def test_a_budget_line_of_zero_is_refused() -> None:
     with pytest.raises(ValidationError, match="a budget line must be above 0"):
         rule(**{**MONTHLY, "limit": 0})
+
+
+def credit(ts: float, amount: float, **tags: str) -> UsageEvent:
+    """A credit of ``amount`` on the bill (a negative cost)."""
+    return usage(ts, 0, **tags).model_copy(update={"cost": -amount, "charge": ChargeKind.credit})
+
+
+def test_a_net_budget_counts_credits_off_and_a_gross_budget_does_not() -> None:
+    found = state(usage(T0, 3300, team="pretrain"),  # 8250
+                  credit(T0 + MIN, 1000, team="pretrain"))  # net 7250
+    [net] = evaluate(found, T0 + HOUR)
+    [gross] = evaluate(found, T0 + HOUR, basis="gross")
+    assert (net.line, net.value) == ("warn_50", 7_250_000_000)
+    assert (gross.line, gross.value) == ("warn_80", 8_250_000_000)
+    assert rule(**MONTHLY).basis == "net"
+
+
+def test_a_gross_budget_says_its_figure_is_before_credits() -> None:
+    budget = rule(**MONTHLY, basis="gross")
+    found = state(usage(T0, 3300, team="pretrain"), credit(T0, 5000, team="pretrain"))
+    [finding] = budget.evaluate(found, T0 + HOUR)
+    assert budget.summarize(finding, "USD").startswith(
+        "team=pretrain has spent 8250.00 USD before credits this month")
+
+
+def test_a_budget_basis_is_net_or_gross() -> None:
+    with pytest.raises(ValidationError, match="basis"):
+        rule(**MONTHLY, basis="credits")

@@ -47,7 +47,7 @@ def test_the_table_shows_currency_and_ends_with_a_total_row(spend) -> None:
     assert result.exit_code == 0, result.output
     lines = [line.replace("│", " ").replace("┃", " ").split()
              for line in result.stdout.splitlines() if line[:1] in "│┃"]
-    assert lines[0] == ["team", "cost", "waste"]
+    assert lines[0] == ["team", "net", "waste"]
     assert ["—", "$80.00", "$0.00"] in lines
     assert lines[-1] == ["total", "$157.50", "$0.00"]
     assert "0.000000" not in result.stdout
@@ -55,7 +55,8 @@ def test_the_table_shows_currency_and_ends_with_a_total_row(spend) -> None:
 
 def test_json_keeps_the_exact_six_place_strings(spend) -> None:
     rows = json.loads(spend("--by", "team", "--json").stdout)["rows"]
-    assert rows[0] == {"group": {"team": ""}, "cost": "80.000000", "waste": "0.000000"}
+    assert rows[0] == {"group": {"team": ""}, "cost": "80.000000", "gross": "80.000000",
+                       "credits": "0.000000", "waste": "0.000000"}
 
 
 def test_a_key_no_event_carries_is_said_on_stderr(spend) -> None:

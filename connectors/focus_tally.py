@@ -1,0 +1,74 @@
+"""What a FOCUS import did: rows read and counted, events made, money by category and charge,
+and the rows skipped with their amounts, each in its own currency (the import's summary)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from costline.connectors.focus import Converted, Skipped, SkipReason
+from costline.rules.money import money_micro
+from costline.rules.prices import format_micro
+
+
+@dataclass
+class ImportTally:
+    """Rows read, events made, money by category and charge, skips by reason with their
+    amounts (in each row's own currency), warnings: the summary."""
+
+    rows: int = 0
+    converted_rows: int = 0
+    events: int = 0
+    cost_micro: int = 0
+    credits_micro: int = 0
+    by_category: Counter[str] = field(default_factory=Counter)
+    by_charge: Counter[str] = field(default_factory=Counter)
+    skipped_rows: Counter[SkipReason] = field(default_factory=Counter)
+    skipped_micro: dict[SkipReason, Counter[str]] = field(default_factory=dict)
+
+    def count(self, outcome: Converted | Skipped) -> None:
+        self.rows += 1
+        if isinstance(outcome, Converted):
+            self.converted_rows += 1
+            self.events += len(outcome.events)
+            self.cost_micro += outcome.micro
+            self.credits_micro += max(-outcome.micro, 0)
+            event = outcome.event
+            self.by_category[event.category.value if event.category else "other"] += \
+                outcome.micro
+            self.by_charge[event.charge.value] += outcome.micro
+        else:
+            self.skipped_rows[outcome.reason] += 1
+            self.skipped_micro.setdefault(outcome.reason, Counter())[outcome.currency] += \
+                outcome.micro
+
+    @property
+    def invalid_rows(self) -> int:
+        """Rows skipped: every one is a fault in the data."""
+        return sum(self.skipped_rows.values())
+
+    def skipped_text(self, reason: SkipReason) -> str:
+        """A skip's total for people, in each currency it has: ``-$3.00, €12.50``."""
+        return ", ".join(money_micro(micro, currency)
+                         for currency, micro in sorted(self.skipped_micro[reason].items()))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rows_read": self.rows,
+            "rows_counted": self.converted_rows,
+            "events": self.events,
+            "cost_total": format_micro(self.cost_micro),
+            "gross_total": format_micro(self.cost_micro + self.credits_micro),
+            "credits_total": format_micro(self.credits_micro),
+            "cost_by_category": {k: format_micro(v) for k, v in sorted(self.by_category.items())},
+            "cost_by_charge": {k: format_micro(v) for k, v in sorted(self.by_charge.items())},
+            "skipped": {
+                reason.value: {
+                    "rows": n,
+                    "cost": {currency: format_micro(micro) for currency, micro
+                             in sorted(self.skipped_micro[reason].items())},
+                }
+                for reason, n in sorted(self.skipped_rows.items())
+            },
+        }
