@@ -146,18 +146,20 @@ class Aggregation(ConsumerRebalanceListener):  # type: ignore[misc]
             try:
                 record = Record.decode(message.value)
             except (ValueError, TypeError, msgpack.UnpackException) as exc:
-                # Only intake writes the ledger; anything else there is skipped, said once.
+                # Only intake writes the ledger: anything else there counts for nothing, and
+                # the watermark passes it like any record.
                 self.metrics.inc("ledger_records_unreadable_total")
                 log.error("ledger[%d] offset %d is not a ledger record, skipped: %s",
                           partition, message.offset, exc)
-                home.position = watermarks.folded(position, message.offset)
-                continue
+                record = Record()
             if home.window is None:
                 home.window = Window(epoch)
             home.window.add(message.offset, record)
             home.position = watermarks.folded(position, message.offset)
             if home.window.tally.events >= self.window_events and _running(home.writer):
                 await home.writer  # type: ignore[misc]  # Redis is behind: bounded memory
+                if self.homes.get(partition) is not home:
+                    return  # revoked meanwhile
             self._start_writer(partition, home)
         self._start_writer(partition, home)
 
