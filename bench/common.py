@@ -382,20 +382,6 @@ def produce(bootstrap: str, topic: str, messages: list[tuple[int, bytes, bytes]]
     return took
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    from kafka import TopicPartition
-
-    from costline.connectors.kafka import consumer
-
-    client = consumer(bootstrap)
-    try:
-        parts = client.partitions_for_topic(topic) or set()
-        ends = client.end_offsets([TopicPartition(topic, p) for p in parts])
-        return {tp.partition: offset for tp, offset in ends.items()}
-    finally:
-        client.close()
-
-
 def retried(what: str, step: Any, attempts: int = 15) -> Any:
     """``step()``, again every 2 s while it fails: a consumer group whose last member just
     left may still be closing, a topic just deleted may still be there."""
