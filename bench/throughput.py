@@ -386,14 +386,14 @@ def print_report(rep: dict[str, Any]) -> None:
               f"{', '.join(f'{n:,}' for n in s['events_by_partition'])}, the 1% most used tag "
               f"sets hold {s['top1pct_share']:.0%} of the events")
         one = str(rep["scale"][0])
-        print(f"  (a) ceiling, aiokafka + parse_message  {shown(m['a'], ',.0f'):>28} events/s"
-              f"  {first['a']['cpu_us_per_event']:6.1f} CPU-µs/event")
         c_one = first["c"][one]
         by_role = ", ".join(f"{role} {1e6 * seconds / s['events']:.1f}"
-                            for role, seconds in c_one["cpu_s_by_role"].items())
-        print(f"  (c) costline, {one} worker(s)              {shown(m['c'][one], ',.0f'):>28}"
-              f" events/s  {c_one['cpu_us_per_event']:6.1f} CPU-µs/event ({by_role})")
-        print(f"  c/a                                     {shown(m['c_over_a'], '.3f'):>28}")
+                            for role, seconds in c_one["cpu_s_by_role"].items() if seconds)
+        print(f"  {'(a) ceiling: aiokafka + parse_message':40s}{shown(m['a'], ',.0f')} events/s, "
+              f"{first['a']['cpu_us_per_event']:.1f} CPU-µs/event")
+        print(f"  {f'(c) costline, {one} worker(s)':40s}{shown(m['c'][one], ',.0f')} events/s, "
+              f"{c_one['cpu_us_per_event']:.1f} CPU-µs/event ({by_role})")
+        print(f"  {'c/a':40s}{shown(m['c_over_a'], '.3f')}")
         print(f"  {'workers':>9}{'events/s':>12}{'speed-up':>10}{'worker µs/ev':>14}"
               f"{'Redis µs/ev':>13}{'busy':>6}  input / ledger partitions per worker")
         base = m["c"][one]["median"]
@@ -479,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(a)
     try:
         report = bench.run()
+    except RuntimeError as exc:  # a worker that exited, a run that never finished
+        log(f"failed: {exc}")
+        return 2
     finally:
         bench.cleanup()
     if a.json:
