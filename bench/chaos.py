@@ -10,17 +10,20 @@ start a stack of its own for it::
     .venv/bin/costline stack up --kafka apache --redis system --kafka-port 0 --redis-port 0 \\
         --state-dir /tmp/chaos-stack
 
-Two ``costline worker`` processes share one consumer group on a 4-partition input topic, with
-a rule file (a budget per team and env that fires and escalates on the stream's spend, and an
-idle rule that reclaims with the ``dry_run`` connector in ``mode: live``) and a local Slack
-server. A producer thread streams usage events at a steady rate: single events and 100-event
-batches, about 5% resent with the same ``event_id`` and key, malformed messages mixed in, and
-the utilization samples of a few idle GPU boxes (and one busy one). Meanwhile a fault driver,
-at random moments, kills a worker with SIGKILL and restarts it, restarts Redis, restarts the
-Kafka broker, and adds a third worker to the group and later removes it.
+Two ``costline worker`` processes share the consumer groups of a 4-partition input topic and
+of the 4-partition ledger, with a rule file (a budget per team and env that fires and
+escalates on the stream's spend, and an idle rule that reclaims with the ``dry_run``
+connector in ``mode: live``) and a local Slack server. A producer thread streams usage events
+at a steady rate: single events and 100-event batches, about 5% resent under a key of their
+own (so on any partition: a message whole, or one event of a batch alone), malformed
+messages mixed in, and the utilization samples of a few idle GPU boxes (and one busy one).
+Meanwhile a fault driver, at random moments, kills a worker with SIGKILL and restarts it,
+restarts Redis, restarts the Kafka broker, and adds a third worker to the group and later
+removes it.
 
-When the stream is consumed it checks, and prints with the figures (events, messages, each
-fault with its time, how long the pipeline took to recover, lag peaks, duration):
+When the stream is counted (``costline.streams.progress.behind``) it checks, and prints with
+the figures (events, messages, each fault with its time, how long the pipeline took to
+recover, lag peaks, duration):
 
 * totals: ``costline spend`` per day and per tag set equals the independently computed sum
   (``Ledger``'s pricing) to the micro-unit;
@@ -58,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -65,6 +69,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the test helpers below live in the repository, not the package
     sys.path.insert(0, str(REPO))
 
+from bench.common import counted, forget_namespace, redis_client  # noqa: E402
 from costline.connectors.kafka import admin  # noqa: E402
 from costline.connectors.redis_keys import slot_tag, wm_key  # noqa: E402
 from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread  # noqa: E402
@@ -111,19 +116,21 @@ OWNERS = ("alice", "bob", "chen", "dana", "eve", "farid")
 ENVS = ("prod", "dev")  # as ``usage_event`` draws them
 FAULT_KINDS = ("kill", "redis", "kafka", "join", "leave")
 EXERCISES = {
-    "kill": "SIGKILL of a worker at any point: mid-batch, between a Redis write and the Kafka "
-            "ack, after a dead letter was sent but before its batch was acknowledged, during "
-            "a Slack call or between a reclaim claim and its outcome. Its partitions wait for "
-            "the session timeout (6 s); the survivor resumes each one from the Redis "
-            "watermark (committed as the offset before Faust seeks), re-reads what was "
-            "fetched but not applied and drops what was applied but not acknowledged. The "
-            "restarted worker rejoins: a second rebalance.",
+    "kill": "SIGKILL of a worker at any point: mid-take, between sending ledger records and "
+            "acknowledging their input, after a dead letter was sent but before its take was "
+            "acknowledged, between a window's Redis write and the next, during a Slack call or "
+            "between a reclaim claim and its outcome. Its partitions wait for the session "
+            "timeout (6 s). The survivor takes its input partitions again from Kafka's "
+            "committed offsets (records of a take priced again reach the ledger twice, and "
+            "their home partition counts each event once) and resumes its home partitions "
+            "from their Redis watermarks. The restarted worker rejoins: a second rebalance.",
     "redis": "Redis is stopped and started again on its port and data (by hand: `kill` the "
              "pid `costline stack status` shows for it, then `costline stack up` with the same "
              "flavors and `--redis-port` set to the port it showed; `up` starts only what is "
-             "not running): batch writes, watermark reads, the Slack and reclaim ledgers fail "
+             "not running): window writes, watermark reads, the Slack and reclaim ledgers fail "
              "and are retried with backoff while `/healthz` says degraded; watermarks, sums "
-             "and the dedup memory come back together from the append-only file.",
+             "and the dedup memory come back together from the append-only file, and a home "
+             "partition whose watermark came back older is read again from the ledger.",
     "kafka": "the broker (also group coordinator) is stopped and started again the same "
              "way (`--kafka-port`), and returns with its log. The producer buffers and "
              "retries idempotently, Faust reconnects and rejoins, commits and dead-letter "
@@ -131,12 +138,12 @@ EXERCISES = {
              "exits (code 1: Faust gives up bootstrapping); the run starts it again, as a "
              "supervisor does (`restart: unless-stopped` in `docker-compose.yml`), and lists "
              "it among the workers that exited by themselves.",
-    "join": "a third worker joins the group: partitions move between live workers while both "
-            "still process what they fetched, so the new owner's first write finds the "
-            "watermark the old owner advanced (skip to it) or the old owner's stale batch "
-            "finds the new owner's.",
-    "leave": "the third worker stops cleanly (SIGTERM) and leaves the group: its partitions "
-             "move back, resumed from their watermarks.",
+    "join": "a third worker joins the groups: partitions move between live workers while "
+            "both still process what they fetched, so a home partition's new owner's first "
+            "write finds the watermark the old owner advanced (it goes on after it) or the "
+            "old owner's last window finds the new owner's.",
+    "leave": "the third worker stops cleanly (SIGTERM) and leaves the groups: its partitions "
+             "move back, home partitions resumed from their watermarks.",
 }
 
 
@@ -361,9 +368,14 @@ class EventStream:
             yield self._resent(heapq.heappop(self._resends)[2])
 
     def _resent(self, item: Outgoing) -> Outgoing:
+        """A resend under a key of its own, so on any partition: the message whole, or one
+        event of a batch alone."""
         self.figures.resent_messages += 1
-        self.figures.resent_events += item.events
-        return Outgoing(item.key, item.value, 0)  # the same bytes, the same key
+        value, events = item.value, item.events
+        if events > 1 and self.rng.random() < 0.5:
+            value, events = _dumps(self.rng.choice(json.loads(value))), 1
+        self.figures.resent_events += events
+        return Outgoing(f"resend-{self.figures.resent_messages}".encode(), value, 0)
 
     def _malformed_due(self) -> bool:
         left_bad = self.config.malformed - self.figures.malformed
@@ -539,8 +551,11 @@ class Producer(threading.Thread):
 @dataclass(frozen=True)
 class Sample:
     t: float  # seconds since the run started
-    applied: tuple[int, ...]  # per partition: the Redis watermark + 1
-    ends: tuple[int, ...]  # per partition: the acknowledged end
+    # per input partition, then per home partition of the ledger: what is counted (intake's
+    # committed offset; the Redis watermark + 1) and what there is to count (the acknowledged
+    # end; the ledger's end)
+    applied: tuple[int, ...]
+    ends: tuple[int, ...]
 
     @property
     def lag(self) -> int:
@@ -548,29 +563,49 @@ class Sample:
 
 
 class Monitor(threading.Thread):
-    """Samples the watermarks and the produced ends twice a second."""
+    """Samples twice a second how far each input partition (intake's committed offsets
+    against the acknowledged ends) and each home partition of the ledger (the Redis
+    watermarks against the ledger's ends) is counted. A sample Kafka or Redis cannot answer
+    (while it restarts) is skipped."""
 
-    def __init__(self, redis_url: str, namespace: str, ends: Callable[[], tuple[int, ...]],
-                 began: float) -> None:
+    def __init__(self, bootstrap: str, redis_url: str, namespace: str,
+                 ends: Callable[[], tuple[int, ...]], began: float) -> None:
         super().__init__(name="chaos-monitor", daemon=True)
-        self.redis = Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-        self.keys = [wm_key(slot_tag(namespace, "usage", p)) for p in range(PARTITIONS)]
+        self.bootstrap, self.group = bootstrap, f"{namespace}-aggregator"
+        self.redis = redis_client(redis_url, timeout_s=1.0)
+        self.inputs = [TopicPartition(f"{namespace}.usage.v1", p) for p in range(PARTITIONS)]
+        self.ledger = [TopicPartition(f"{namespace}.ledger.v1", p) for p in range(PARTITIONS)]
+        self.keys = [wm_key(slot_tag(namespace, p)) for p in range(PARTITIONS)]
         self.ends, self.began = ends, began
+        self.kafka: KafkaConsumer | None = None
         self.samples: list[Sample] = []
         self.stop_event = threading.Event()
 
-    def applied(self) -> tuple[int, ...] | None:
+    def position(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(counted, to count) per partition, or None while Kafka or Redis is away."""
         try:
-            values = self.redis.mget(self.keys)
-        except (RedisError, OSError):
+            if self.kafka is None:
+                self.kafka = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group,
+                                           enable_auto_commit=False, session_timeout_ms=6000,
+                                           request_timeout_ms=7000)
+            committed = [self.kafka.committed(tp, timeout_ms=1000) or 0 for tp in self.inputs]
+            ledger_ends = self.kafka.end_offsets(self.ledger, timeout_ms=1000)
+            pipe = self.redis.pipeline(transaction=False)
+            for key in self.keys:
+                pipe.get(key)
+            marks = pipe.execute()
+        except (RedisError, OSError, KafkaError):
             return None
-        return tuple(int(v) + 1 if v is not None else 0 for v in values)
+        applied = (*committed, *(int(v) + 1 if v is not None else 0 for v in marks))
+        return applied, (*self.ends(), *(ledger_ends[tp] for tp in self.ledger))
 
     def run(self) -> None:
         while not self.stop_event.wait(SAMPLE_INTERVAL_S):
-            applied = self.applied()
-            if applied is not None:
-                self.samples.append(Sample(time.time() - self.began, applied, self.ends()))
+            found = self.position()
+            if found is not None:
+                self.samples.append(Sample(time.time() - self.began, *found))
+        if self.kafka is not None:
+            self.kafka.close()
 
 
 # ── the workers and the faults ───────────────────────────────────────────────────────────
@@ -727,7 +762,7 @@ class FaultDriver:
 
 def measure(faults: Sequence[Fault], samples: Sequence[Sample], tolerance: int) -> None:
     """Recovery of each fault, from the samples: ``resumed_s`` is when every partition with
-    work to do had moved its watermark past where it stood once the action was over;
+    work to do (input or home) had moved past where it stood once the action was over;
     ``recovered_s`` when the lag was back within ``tolerance`` of its level before the fault
     (both from the fault's start); ``lag_peak`` the highest lag in between."""
     for fault in faults:
@@ -747,7 +782,7 @@ def measure(faults: Sequence[Fault], samples: Sequence[Sample], tolerance: int) 
 
 
 def _all_moved(sample: Sample, base: tuple[int, ...]) -> bool:
-    pending = [p for p in range(PARTITIONS) if sample.ends[p] > base[p]]
+    pending = [p for p in range(len(base)) if sample.ends[p] > base[p]]
     return bool(pending) and all(sample.applied[p] > base[p] for p in pending)
 
 
@@ -929,7 +964,8 @@ class Report:
             + ("" if f["settled"] else f" (not within {SETTLE_TIMEOUT_S:.0f}s)"),
             f"faults: {self.fault_summary()}; workers that exited by themselves: "
             f"{len(self.exits)}",
-            f"lag peak {self.lag_peak['lag']:,} messages at {self.lag_peak['t']:.0f}s",
+            f"lag peak {self.lag_peak['lag']:,} (messages and ledger records) at "
+            f"{self.lag_peak['t']:.0f}s",
             "",
             f"{'#':>3} {'fault':<6} {'target':<6} {'at s':>7} {'took s':>7} {'lag before':>11} "
             f"{'resumed s':>10} {'recovered s':>12} {'lag peak':>9}",
@@ -1003,7 +1039,8 @@ def _md_run(report: Report) -> str:
     return "## The run\n\n" + _bullets([
         f"{f['events']:,} usage events in {f['messages']:,} Kafka messages on {PARTITIONS} "
         f"partitions: {f['single']:,} single events, {f['batches']:,} batches of "
-        f"{BATCH_EVENTS} events, {f['resent_messages']:,} resends (same `event_id`, same key; "
+        f"{BATCH_EVENTS} events, {f['resent_messages']:,} resends (same `event_id`s under a "
+        f"key of their own, a batch whole or one of its events alone; "
         f"{f['resent_events']:,} events), {f['malformed']:,} malformed messages and "
         f"{f['samples']:,} utilization messages of {len(BOXES)} GPU boxes "
         f"({sum(b.idle for b in BOXES)} idle, 1 busy). Tags `team`, `project`, `job`, "
@@ -1018,7 +1055,8 @@ def _md_run(report: Report) -> str:
         "Alerts go to a local Slack server (`connectors/slack_server.py`).",
         f"Faults: {report.fault_summary()} (a `join` adds a third worker to the group, the "
         f"next `leave` removes it). Workers that exited by themselves: {exits}.",
-        f"Lag peak: {report.lag_peak['lag']:,} messages, {report.lag_peak['t']:.0f} s into "
+        f"Lag peak: {report.lag_peak['lag']:,} input messages and ledger records, "
+        f"{report.lag_peak['t']:.0f} s into "
         "the run.",
     ])
 
@@ -1033,10 +1071,11 @@ def _md_faults(report: Report) -> str:
         f"(a killed worker is restarted after a random pause of up to {KILL_PAUSE_S:.0f} s; a "
         "restart of Redis or Kafka lasts until the service answers again; a join until the "
         "group counts the third worker; a leave until it has exited). *resumed* is when every "
-        "partition with work to do had moved its Redis watermark past where it stood when the "
-        "fault was over; *recovered* is when the consumer lag (acknowledged end offsets minus "
-        f"watermarks) was back within {report.figures['tolerance']:,} messages (2 s of "
-        "production) of its level before the fault; both count from the fault's start. *lag "
+        "partition with work to do had moved past where it stood when the fault was over: an "
+        "input partition's committed offset, a home partition's Redis watermark; *recovered* "
+        "is when the lag (input messages acknowledged and not committed, plus ledger records "
+        f"not applied) was back within {report.figures['tolerance']:,} (2 s of production) of "
+        "its level before the fault; both count from the fault's start. *lag "
         "peak* is the highest lag in between. A `-` means that moment did not come before the "
         f"run ended. Faults overlap in effect: the figures are sampled every "
         f"{SAMPLE_INTERVAL_S} s and a fault's recovery includes whatever came after it.")
@@ -1157,8 +1196,11 @@ class Run:
         self.sampler = Sampler()
         self.producer = Producer(found.bootstrap, self.topic, self.stream, self.sampler,
                                  config.rate)
-        self.monitor = Monitor(found.redis_url, self.namespace, self.producer.acked_ends,
-                               self.began)
+        self.monitor = Monitor(found.bootstrap, found.redis_url, self.namespace,
+                               self.producer.acked_ends, self.began)
+        self.settings = Settings(kafka_bootstrap=found.bootstrap, redis_url=found.redis_url,
+                                 namespace=self.namespace, partitions=PARTITIONS)
+        self.redis = redis_client(found.redis_url, timeout_s=5.0)
         self.slack = LocalSlackThread(["ml-budgets", "ml-gpu-idle", "costline-alerts"])
         self.limit = budget_limit(config)
         self.cluster: Cluster | None = None
@@ -1184,8 +1226,7 @@ class Run:
         return self.report(machine_info, driver.faults, cluster.exits, checks)
 
     def prepare(self) -> Cluster:
-        create_topics(Settings(kafka_bootstrap=self.stack.bootstrap, namespace=self.namespace,
-                               partitions=PARTITIONS))
+        create_topics(self.settings)
         rules = self.work_dir / "rules.yaml"
         rules.write_text(RULES.format(limit=self.limit))
         url = self.slack.start()
@@ -1194,8 +1235,8 @@ class Run:
         for name in ("w1", "w2"):
             self.cluster.start(name)
         self.monitor.start()
-        first = self.producer.send_now(self.sampler.backfill(time.time()))
-        self.wait(lambda: self.reached(first), 300, "the workers to consume the first samples",
+        self.producer.send_now(self.sampler.backfill(time.time()))
+        self.wait(self.counted, 300, "the workers to count the first samples",
                   self.cluster)
         log(f"workers ready after {time.time() - self.began:.0f}s; budget line "
             f"{self.limit} USD per team and env")
@@ -1227,11 +1268,8 @@ class Run:
 
     def drain(self, cluster: Cluster) -> None:
         cluster.stop("w3")
-        ends = self.retry(lambda: end_offsets(self.stack.bootstrap, self.topic))
-        target = tuple(ends.get(p, 0) for p in range(PARTITIONS))
-        log(f"stream sent; waiting for the workers to reach {sum(target):,} messages")
-        self.wait(lambda: self.reached(target), DRAIN_TIMEOUT_S, "the workers to catch up",
-                  cluster)
+        log(f"stream sent; waiting until its {self.producer.acked:,} messages are counted")
+        self.wait(self.counted, DRAIN_TIMEOUT_S, "the workers to catch up", cluster)
         self.marks["drained"] = time.time() - self.began
 
     def settle(self, cluster: Cluster) -> None:
@@ -1287,8 +1325,9 @@ class Run:
             self.cluster.stop_all()
         if self.slack.thread.is_alive():
             self.slack.stop()
+        self.redis.close()
         if not self.config.keep:
-            self.retry(lambda: forget(self.stack, self.namespace), tries=3)
+            forget_namespace(self.stack.bootstrap, self.stack.redis_url, self.namespace)
 
     # helpers
 
@@ -1300,10 +1339,9 @@ class Run:
         finally:
             client.close()
 
-    def reached(self, target: tuple[int, ...]) -> bool:
-        applied = self.monitor.applied()
-        return applied is not None and all(
-            a >= t for a, t in zip(applied, target, strict=True))
+    def counted(self) -> bool:
+        """Whether everything acknowledged so far is counted in Redis."""
+        return counted(self.settings, self.redis)
 
     def wait(self, condition: Callable[[], bool], timeout: float, what: str,
              cluster: Cluster, interval: float = 0.5) -> bool:
@@ -1357,26 +1395,6 @@ class Run:
             "budget_limit": self.limit, "namespace": self.namespace,
             "command": self.config.command(),
         }
-
-
-def forget(found: Stack, namespace: str) -> None:
-    """Delete the run's topics, consumer group and Redis keys."""
-    client = admin(found.bootstrap, timeout_s=30)
-    try:
-        mine = [name for name in client.list_topics() if name.startswith(f"{namespace}.")]
-        if mine:
-            client.delete_topics(mine)
-        client.delete_groups([f"{namespace}-aggregator"])
-    finally:
-        client.close()
-    redis = Redis.from_url(found.redis_url)
-    try:
-        for pattern in (f"{{{namespace}:*", f"{namespace}:*"):
-            batch = list(redis.scan_iter(match=pattern, count=1000))
-            for start in range(0, len(batch), 1000):
-                redis.delete(*batch[start:start + 1000])
-    finally:
-        redis.close()
 
 
 def run(config: Config) -> Report:

@@ -3,8 +3,9 @@
     .venv/bin/python bench/evaluation.py [--events N] [--tagsets N] [--new-tagsets N]
         [--ticks N] [--redis-url URL] [--json]
 
-The data set of ``bench/throughput.py`` (same generator and seed) is written into a namespace
-of its own through the aggregation's write path (``bench/stages.py``). Then a fresh process
+The ``jobs`` data set (``bench/datasets.py``, the generator and seed of ``bench/throughput.py``)
+is written into a namespace of its own through a worker's stages (``bench/stages.py``). Then
+a fresh process
 evaluates the shipped rules the way the worker's evaluation process does (``RedisState`` and
 ``KeptAnswers``): the first evaluation (nothing kept: a start or a rule reload), then
 ``--ticks`` ticks (every rule), each after ``--new-tagsets`` new tag sets were written, as new
@@ -12,8 +13,7 @@ jobs start. It prints the CPU-seconds of each and the process's peak RSS.
 
 Baseline, measured in the same run on the same state: the same process with a state that
 cannot tell what changed in the tag sets' first buckets, so that every tick reads and groups
-all of them again (what a tick cost before their log). Uses the namespace ``evalbench<hex>``
-and deletes its keys at the end.
+all of them again. Uses the namespace ``evalbench<hex>`` and deletes its keys at the end.
 """
 
 from __future__ import annotations
@@ -34,43 +34,36 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import data_set_options, vm_status  # noqa: E402 - needs REPO on the path
-from bench.throughput import generate, log, unlink_namespaces  # noqa: E402
+from bench.common import (  # noqa: E402 - needs REPO on the path
+    data_set_options,
+    log,
+    redis_client,
+    unlink_namespaces,
+    vm_status,
+)
+from bench.datasets import generate  # noqa: E402
+from bench.stages import run_stages, write_events  # noqa: E402
+
+PARTITIONS = 4
 
 MODES = {"log": "first buckets kept, changes from their log",
          "full": "baseline: all first buckets read each tick"}
 
 
-async def write_new_tagsets(ns: str, redis_url: str, count: int) -> None:
-    """``count`` usage events of as many tag sets never seen before, into partition 0."""
-    from redis.asyncio import Redis
-
-    from costline.connectors.redis_apply import Applied, BatchWriter
-    from costline.connectors.redis_keys import Calendar, slot_tag
+def start_jobs(ns: str, redis_url: str, count: int) -> None:
+    """``count`` usage events of as many tag sets never seen before, as new jobs start."""
     from costline.rules.events import UsageEvent
-    from costline.rules.prices import PriceBook
-    from costline.rules.tally import Folder, Tally
-    from costline.streams.settings import DEFAULT_PRICES
 
-    client = Redis.from_url(redis_url)
-    writer = BatchWriter(client, ns, Calendar("UTC"), 7 * 86400)
-    slot = slot_tag(ns, "usage", 0)
-    applied = await writer.watermark(slot)
     ts = time.time() - 120
     events = [UsageEvent(event_id=uuid.uuid4().hex, kind="usage", ts=ts, resource_id="new/r",
                          resource_type="gpu.h100", quantity=1.0, unit="gpu_hour",
                          tags={"team": "new-jobs", "job": uuid.uuid4().hex[:12]})
               for _ in range(count)]
-    tally = Tally()
-    Folder(PriceBook.load(DEFAULT_PRICES)).fold(tally, events)
-    assert isinstance(await writer.apply(slot, applied, applied + 1, tally), Applied)
-    await client.aclose()
+    asyncio.run(write_events(events, ns, redis_url, PARTITIONS))
 
 
 def child(ns: str, redis_url: str, mode: str, ticks: int, new_tagsets: int) -> dict[str, Any]:
     """One evaluation process's figures (runs in a process of its own)."""
-    from redis import Redis
-
     from costline.connectors.alert_store import AlertStore
     from costline.connectors.plugins import PLUGINS
     from costline.connectors.redis_state import RedisState
@@ -86,7 +79,7 @@ def child(ns: str, redis_url: str, mode: str, ticks: int, new_tagsets: int) -> d
         def firsts_changes(self, since: Hashable | None) -> tuple[None, None]:
             return None, None
 
-    redis = Redis.from_url(redis_url)
+    redis = redis_client(redis_url)
     state = (RedisState if mode == "log" else Untold)(redis, ns, "UTC")
     runner = InlineRunner(state, AlertStore(redis, ns))
     engine = Engine.load([DEFAULT_RULES], PriceBook.load(DEFAULT_PRICES), plugins=PLUGINS)
@@ -100,7 +93,7 @@ def child(ns: str, redis_url: str, mode: str, ticks: int, new_tagsets: int) -> d
     first = timed()
     tick_s = []
     for _ in range(ticks):
-        asyncio.run(write_new_tagsets(ns, redis_url, new_tagsets))
+        start_jobs(ns, redis_url, new_tagsets)
         tick_s.append(timed())
     return {"first_s": first, "tick_s": tick_s,
             "peak_rss_mib": vm_status().get("VmHWM", 0) / 1024}
@@ -144,12 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(a.child, a.redis_url, a.mode, a.ticks, a.new_tagsets)))
         return 0
 
-    from bench.stages import run_stages
-
     ns = "evalbench" + secrets.token_hex(3)
-    data = generate(a.events, a.tagsets, 4, 1.1, a.seed, ns)
+    data = generate("jobs", a.events, a.tagsets, PARTITIONS, a.seed, run_id=ns)
     try:
-        asyncio.run(run_stages(data.batches(100), ns, a.redis_url, 10_000))
+        asyncio.run(run_stages(data, ns, a.redis_url))
         figures: dict[str, Any] = {mode: run_child(a, ns, mode) for mode in MODES}
     finally:
         unlink_namespaces(a.redis_url, [ns])

@@ -7,8 +7,10 @@ files and Slack button presses.
 Each target has a checker that states what must hold for any input:
 
 * ``parser`` — ``parse_message`` answers a ``Rejection`` with a known code and a one-line
-  reason, or events whose ``ts`` every zone's calendar can place, that survive a dump and
-  parse, and whose priced amount fits Redis's signed 64-bit sums;
+  reason, or events whose ``ts`` every zone's calendar can place and that survive a dump and
+  parse; then intake (``Intake.take``) refuses the message whole with a pricing code, or
+  turns each of its events into a ledger entry whose amounts are within the price book's
+  bound and that decodes from its record as it was encoded;
 * ``rules`` — ``load_rule_text`` gives a whole valid rule set, or ``RulesInvalid`` whose
   every problem is one ``FILE:LINE:COL: message`` line inside the file; one load taking
   longer than ``--slow`` seconds is reported too;
@@ -45,12 +47,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 NOW = 1_796_025_600.0  # 2026-11-30T08:00:00Z
-MAX_MICRO = 2**63 - 1
 CODES = {
     "invalid_json", "missing_field", "unknown_field", "unknown_kind", "out_of_range",
     "too_long", "too_short", "bad_format", "bad_value", "bad_type", "bad_timestamp",
     "future_ts",
 }
+PRICING_CODES = {"unknown_resource_type", "unit_mismatch", "negative_cost", "not_hourly",
+                 "out_of_range"}
 PROBLEM = re.compile(r"(?P<file>[^\n]+?):(?P<line>\d+):(?P<col>\d+): (?P<message>\S[^\n\r]*)")
 LINE_BREAK = re.compile("\r\n|[\n\r]")
 TOKENS = [
@@ -98,10 +101,11 @@ def parser_target() -> tuple[list[bytes], Callable[[bytes], str]]:
         dump_event,
         parse_message,
     )
-    from costline.rules.prices import PriceBook
+    from costline.rules.ledger import FAULT, USAGE, Intake, Record
+    from costline.rules.prices import MAX_EVENT_MICRO, PriceBook
     from costline.streams.settings import DEFAULT_PRICES
 
-    book = PriceBook.load(DEFAULT_PRICES)
+    intake = Intake(PriceBook.load(DEFAULT_PRICES), 4)
     zones = [Calendar(z) for z in ("UTC", "Pacific/Kiritimati", "Etc/GMT+12")]
     usage = {"event_id": "u-8812", "kind": "usage", "ts": "2026-11-30T08:00:00Z",
              "resource_id": "cluster-a/node-017", "resource_type": "gpu.h100",
@@ -136,13 +140,25 @@ def parser_target() -> tuple[list[bytes], Callable[[bytes], str]]:
                 calendar.day_bounds(ts)
             if parse_message(dump_event(event), now=NOW) != Parsed([event], False):
                 raise Finding("accepted event does not survive dump and parse")
-            try:
-                amount = (book.charge(event).cost_micro if event.kind == "usage" else
-                          book.waste(event) if event.kind == "fault" else 0)  # type: ignore[arg-type]
-            except Exception:  # noqa: BLE001 - unpriceable is the pricing step's refusal
-                amount = 0
-            if amount > MAX_MICRO:
-                raise Finding("priced amount beyond a signed 64-bit sum")
+        taken = intake.take([raw], now=NOW)
+        if taken.refused:
+            [(_, code, reason)] = taken.refused
+            if code not in PRICING_CODES or not reason.strip() or "\n" in reason:
+                raise Finding(f"pricing refusal {code!r} unknown or its reason not one line")
+            return f"refused:{code}"
+        entries = []
+        for records in taken.records.values():
+            for record in records:
+                decoded = Record.decode(record)
+                if decoded.encode() != record:
+                    raise Finding("a ledger record does not decode to itself")
+                entries += decoded.entries
+        if len(entries) != len(result.events) or taken.events != len(entries):
+            raise Finding("not every event of the message became one ledger entry")
+        for entry in entries:
+            amounts = {USAGE: entry[4:6], FAULT: entry[5:6]}.get(entry[0], ())
+            if any(abs(amount) > MAX_EVENT_MICRO for amount in amounts):
+                raise Finding("a priced amount beyond the price book's bound")
         return f"parsed:{len(result.events)}"
 
     return seeds, check

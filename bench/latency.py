@@ -4,27 +4,26 @@
                                       [--groups N] [--rules N] [--repeats N] [--fresh N]
                                       [--profile] [--memory] [--skip-e2e] [--skip-eval]
 
-(1) End to end. The real worker (``python -m costline.streams worker``, a child process with a
-namespace of its own) runs one rule: a daily budget of one micro-unit per value of the tag
-``probe`` (``group_by: [probe]``), so every probe event opens an alert of its own. First a
-burst of ``--burst`` single-event usage messages measures the worker's maximum (messages
-produced → every partition's Redis watermark at its end offset). Then background usage
-events flow at ``--rate`` messages/s (default: half that maximum) for ``--seconds``, with a
-probe every ``--probe-every`` seconds among them. A kafka-python consumer reads
-``NS.alerts.v1``; a probe's latency is the time from its send to the first change published
-for its group, split at the change's Kafka timestamp (the worker's publish time). The
-figures of the previous schedule are printed beside them (``BASELINE``).
+(1) End to end. The real worker (``costline worker``, a child process with a namespace of its
+own) runs one rule: a daily budget of one micro-unit per value of the tag ``probe``
+(``group_by: [probe]``), so every probe event opens an alert of its own. First a burst of
+``--burst`` single-event usage messages measures the worker's maximum (messages produced →
+everything counted, ``costline.streams.progress.behind``). Then background usage events flow
+at ``--rate`` messages/s (default: half that maximum) for ``--seconds``, with a probe every
+``--probe-every`` seconds among them. A kafka-python consumer reads ``NS.alerts.v1``; a
+probe's latency is the time from its send to the first change published for its group, split
+at the change's Kafka timestamp (the worker's publish time).
 
-(2) Evaluation cost on the worker's path. A real worker aggregates ``--groups`` distinct tag
+(2) Evaluation cost on the worker's path. A real worker counts ``--groups`` distinct tag
 sets (two usage events each over the last five days, GPU utilization samples, faults) into
 Redis, and ``--rules`` rules of every kind are generated with lines around the 99th
 percentile of each grouping's spend. They are evaluated in full, every rule, the way the
 worker does (``RedisState``, ``KeptAnswers``): the first evaluation (nothing kept), the tick
 (every rule, past hours kept), the tick after ``--fresh`` events of new tag sets (new jobs),
 and the evaluations data triggers (after ``--fresh`` new events each, idle findings reused),
-``--repeats`` times each. ``--profile`` profiles the
-data-driven ones with pyinstrument. With ``--memory`` the generated rules are also timed one
-by one on an ``InMemoryState`` for up to ``--eval-budget`` seconds (``--full``: in full).
+``--repeats`` times each; one quiet budget rule is timed beside them. ``--profile`` profiles
+the data-driven ones with pyinstrument. With ``--memory`` the generated rules are also timed
+one by one on an ``InMemoryState`` for up to ``--eval-budget`` seconds (``--full``: in full).
 
 Nothing is asserted. Every namespace is deleted at the end. Progress goes to stderr; the
 figures (or ``--json``) to stdout.
@@ -39,7 +38,6 @@ import random
 import secrets
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -57,14 +55,19 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.common import (  # noqa: E402 - needs REPO on the path
-    RESOURCES,
     child_figures,
-    cpu_seconds,
-    free_port,
+    forget_namespace,
+    log,
+    redis_client,
+    service_options,
     vm_status,
+    wait_counted,
+    worker_cpu_seconds,
+    worker_metrics,
 )
+from bench.datasets import DAY_S, RESOURCES  # noqa: E402
+from tests.integration.streamkit import Worker, worker_env  # noqa: E402
 
-DAY_S = 86_400
 PROBE_RULES = """\
 rules:
   - name: probe-budget
@@ -74,25 +77,15 @@ rules:
     period: day
     limit: 0.000001
 """
-BASELINE_RULE = """\
+QUIET_RULE = """\
 rules:
-  - name: baseline-team-monthly
+  - name: quiet-team-monthly
     kind: budget
     match: {env: prod}
     group_by: [team]
     period: month
     limit: 100000000
 """
-# What the same measurements gave with the previous schedule (a 2 s leader timer, throttled to
-# three times the last evaluation's cost, every rule read on its own).
-BASELINE = {
-    "latency": "p50 3.4s, p99 6-14s",
-    "evaluation": "1,000 rules over 100k tag sets: >= 2 h per evaluation (7.4 s per rule)",
-}
-
-
-def log(msg: str) -> None:
-    print(f"[latency {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def reset_peak_rss() -> bool:
@@ -109,7 +102,7 @@ def mib(kib: int | None) -> float | None:
     return None if kib is None else round(kib / 1024, 1)
 
 
-def spread(values: Sequence[float]) -> dict[str, Any]:
+def percentiles(values: Sequence[float]) -> dict[str, Any]:
     """n, p50, p90, p99 and max of a sample (nearest rank), in its own unit."""
     if not values:
         return {"n": 0}
@@ -143,179 +136,69 @@ class Namespace:
     def topic(self, short: str) -> str:
         return f"{self.name}.{short}.v1"
 
-    def create_topics(self) -> None:
+    @property
+    def settings(self) -> Any:
         from costline.streams.settings import Settings
+
+        return Settings(kafka_bootstrap=self.bootstrap, redis_url=self.redis_url,
+                        namespace=self.name, partitions=self.partitions)
+
+    def create_topics(self) -> None:
         from costline.streams.topics import create_topics
 
-        create_topics(Settings(kafka_bootstrap=self.bootstrap, namespace=self.name,
-                               partitions=self.partitions))
+        create_topics(self.settings)
 
-    def watermarks(self, redis: Any) -> list[int]:
-        from costline.connectors.redis_keys import slot_tag, wm_key
+    def wait_counted(self, redis: Any, worker: Worker, timeout: float = 600) -> float:
+        """Until everything produced is counted; returns when (``time.time()``)."""
+        return wait_counted(self.settings, redis, [worker], timeout)
 
-        raw = redis.mget([wm_key(slot_tag(self.name, "usage", p)) for p in range(self.partitions)])
-        return [-1 if v is None else int(v) for v in raw]
-
-    def end_offsets(self, short: str = "usage") -> list[int]:
-        from kafka import KafkaConsumer, TopicPartition
-
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        try:
-            tps = [TopicPartition(self.topic(short), p) for p in range(self.partitions)]
-            ends = consumer.end_offsets(tps)
-            return [ends[tp] for tp in tps]
-        finally:
-            consumer.close()
-
-    def wait_applied(self, redis: Any, ends: Sequence[int], worker: Worker,
-                     timeout: float = 600) -> float:
-        """Until every partition's watermark reached its end offset; returns when (time())."""
-        from redis.exceptions import ConnectionError as RedisDown
-        from redis.exceptions import TimeoutError as RedisSlow
-
-        deadline = time.time() + timeout
-        marks: list[int] = []
-        while True:
-            try:
-                marks = self.watermarks(redis)
-            except (RedisDown, RedisSlow) as exc:  # a busy Redis: ask again
-                log(f"reading watermarks: {exc}")
-                marks = [-1] * len(ends)
-            if all(m >= end - 1 for m, end in zip(marks, ends, strict=True)):
-                return time.time()
-            if not worker.alive():
-                raise RuntimeError(f"the worker died:\n{worker.tail()}")
-            if time.time() > deadline:
-                raise RuntimeError(f"not caught up after {timeout}s: {marks} of {list(ends)}")
-            time.sleep(0.05)
+    def start_worker(self, rules: Path, workdir: Path) -> Worker:
+        env = worker_env(self.name, self.bootstrap, self.redis_url, COSTLINE_RULES=str(rules),
+                         COSTLINE_PARTITIONS=str(self.partitions),
+                         COSTLINE_STATE_DIR=str(workdir / "state"))
+        env.pop("SLACK_BOT_TOKEN", None)
+        worker = Worker(env, workdir / f"worker-{self.name}.log")
+        worker.start()
+        wait_ready(worker)
+        return worker
 
     def cleanup(self) -> None:
-        from redis import Redis
-
-        from costline.connectors.kafka import admin
-
-        r = Redis.from_url(self.redis_url)
-        keys = [k for pattern in (f"{{{self.name}:*", f"{self.name}:*")
-                for k in r.scan_iter(match=pattern, count=2000)]
-        for i in range(0, len(keys), 1000):
-            r.unlink(*keys[i:i + 1000])
-        r.close()
-        try:
-            client = admin(self.bootstrap)
-            try:
-                mine = (f"{self.name}.", f"{self.name}-")
-                topics = [t for t in client.list_topics() if t.startswith(mine)]
-                if topics:
-                    client.delete_topics(topics, raise_errors=False)
-                groups = [g["group_id"] for g in client.list_groups()
-                          if g["group_id"].startswith(mine)]
-                if groups:
-                    client.delete_groups(groups)
-            finally:
-                client.close()
-        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the figures
-            log(f"cleanup of {self.name} in Kafka incomplete: {exc}")
-        log(f"cleaned up namespace {self.name} ({len(keys)} Redis keys)")
+        forget_namespace(self.bootstrap, self.redis_url, self.name)
+        log(f"cleaned up namespace {self.name}")
 
 
-@dataclass
-class Worker:
-    """``costline worker`` as a child process."""
+def tail(worker: Worker) -> str:
+    try:
+        return "\n".join(worker.log.read_text(errors="replace").splitlines()[-25:])
+    except OSError:
+        return ""
 
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
 
-    @classmethod
-    def for_namespace(cls, ns: Namespace, rules: Path, workdir: Path, **extra: str) -> Worker:
-        env = dict(os.environ)
-        env.update(
-            COSTLINE_NAMESPACE=ns.name,
-            COSTLINE_KAFKA_BOOTSTRAP=ns.bootstrap,
-            COSTLINE_REDIS_URL=ns.redis_url,
-            COSTLINE_RULES=str(rules),
-            COSTLINE_WEB_PORT=str(free_port()),
-            COSTLINE_PARTITIONS=str(ns.partitions),
-            COSTLINE_STATE_DIR=str(workdir / "state"),
-            COSTLINE_KAFKA_SESSION_TIMEOUT_S="6",
-            COSTLINE_KAFKA_REBALANCE_TIMEOUT_S="10",
-            PYTHONUNBUFFERED="1",
-        )
-        env.pop("SLACK_BOT_TOKEN", None)
-        env.update(extra)
-        return cls(env, workdir / f"worker-{ns.name}.log")
+def rules_loaded(worker: Worker) -> int | None:
+    """How many rules the worker's /healthz says it loaded (None while it does not answer)."""
+    url = f"http://127.0.0.1:{worker.env['COSTLINE_WEB_PORT']}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text = answer.read().decode()
+    except urllib.error.HTTPError as exc:  # 503 still carries the report
+        text = exc.read().decode()
+    except OSError:
+        return None
+    try:
+        loaded = json.loads(text).get("rules", {}).get("loaded")
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, int) else None
 
-    def start(self) -> None:
-        with self.log_path.open("ab") as handle:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "costline.streams", "worker", "--loglevel", "warning"],
-                cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if not self.alive():
-            return
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def tail(self) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-25:])
-        except OSError:
-            return ""
-
-    def _get(self, path: str) -> str:
-        url = f"http://127.0.0.1:{self.env['COSTLINE_WEB_PORT']}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
-                return str(answer.read().decode())
-        except urllib.error.HTTPError as exc:  # 503 still carries the report
-            return str(exc.read().decode())
-
-    def rules_loaded(self) -> int | None:
-        try:
-            report = json.loads(self._get("/healthz"))
-        except (OSError, ValueError):
-            return None
-        loaded = report.get("rules", {}).get("loaded")
-        return loaded if isinstance(loaded, int) else None
-
-    def metrics(self) -> dict[str, float]:
-        """The worker's /metrics, labels summed away."""
-        out: dict[str, float] = {}
-        try:
-            text = self._get("/metrics")
-        except OSError as exc:
-            log(f"could not read /metrics: {exc}")
-            return out
-        for line in text.splitlines():
-            if not line or line.startswith("#") or "_bucket" in line:
-                continue
-            name, _, value = line.rpartition(" ")
-            name = name.split("{", 1)[0]
-            try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
-                continue
-        return out
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.time() + timeout
-        while self.rules_loaded() is None:
-            if not self.alive():
-                raise RuntimeError(f"the worker exited:\n{self.tail()}")
-            if time.time() > deadline:
-                raise RuntimeError(f"the worker did not load its rules in {timeout}s")
-            time.sleep(0.5)
+def wait_ready(worker: Worker, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while rules_loaded(worker) is None:
+        if not worker.alive():
+            raise RuntimeError(f"the worker exited:\n{tail(worker)}")
+        if time.time() > deadline:
+            raise RuntimeError(f"the worker did not load its rules in {timeout}s")
+        time.sleep(0.5)
 
 
 # ======================================================================================
@@ -411,25 +294,20 @@ class Sender:
 
 def measure_maximum(ns: Namespace, worker: Worker, sender: Sender, burst: int) -> dict[str, Any]:
     """Produce ``burst`` messages as fast as possible; the worker's rate is the burst over
-    the time until every partition's watermark reached its end offset."""
-    from redis import Redis
-
-    redis = Redis.from_url(ns.redis_url)
+    the time until all of it was counted."""
+    redis = redis_client(ns.redis_url)
     try:
-        before = sum(m + 1 for m in ns.watermarks(redis))
         started = time.time()
         for _ in range(burst):
             sender.background()
         sender.producer.flush()
         produced = time.time()
-        ends = ns.end_offsets()
-        done = ns.wait_applied(redis, ends, worker)
-        applied = sum(ends) - before
+        done = ns.wait_counted(redis, worker)
     finally:
         redis.close()
     took = done - started
-    return {"messages": applied, "seconds": round(took, 2),
-            "worker_msgs_per_s": round(applied / took),
+    return {"messages": burst, "seconds": round(took, 2),
+            "worker_msgs_per_s": round(burst / took),
             "producer_msgs_per_s": round(burst / (produced - started)),
             "producer_bound": (produced - started) > 0.9 * took}
 
@@ -439,22 +317,21 @@ def run_e2e(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rules = workdir / "probe-rules.yaml"
     rules.write_text(PROBE_RULES)
     ns.create_topics()
-    worker = Worker.for_namespace(ns, rules, workdir)
     watcher = AlertWatcher(ns)
     watcher.start()
     sender = Sender(ns, tagsets=a.tagsets)
     result: dict[str, Any] = {"namespace": ns.name, "partitions": a.partitions,
                               "rule": "budget, group_by [probe], limit 0.000001 (one per probe)"}
+    worker: Worker | None = None
     try:
-        worker.start()
-        worker.wait_ready()
+        worker = ns.start_worker(rules, workdir)
         log("worker up; waiting for a first probe alert (leader elected, evaluating)")
         started = time.time()
         sender.probe("warmup")
         sender.producer.flush()
         while not watcher.seen("warmup"):
             if time.time() - started > 180 or not worker.alive():
-                raise RuntimeError(f"no alert for the warm-up probe:\n{worker.tail()}")
+                raise RuntimeError(f"no alert for the warm-up probe:\n{tail(worker)}")
             time.sleep(0.1)
         result["first_alert_s"] = round(time.time() - started, 2)
         sender.probes.clear()
@@ -467,19 +344,18 @@ def run_e2e(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             result["maximum"] = measure_maximum(ns, worker, sender, a.burst)
             rate = max(1, result["maximum"]["worker_msgs_per_s"] // 2)
         log(f"background at {rate:,} messages/s for {a.seconds}s, a probe every {a.probe_every}s")
-        metrics_before = worker.metrics()
-        cpu_before = _cpu_seconds(worker)
+        metrics_before = worker_metrics(worker)
+        assert worker.proc is not None
+        cpu_before = worker_cpu_seconds(worker.proc.pid)
         run = pace(sender, rate, a.seconds, a.probe_every)
         flushed = time.time()
         deadline = flushed + 30
         while time.time() < deadline and not all(watcher.seen(p) for p in sender.probes):
             time.sleep(0.1)
-        metrics_after = worker.metrics()
-        from redis import Redis
-
-        redis = Redis.from_url(ns.redis_url)
+        metrics_after = worker_metrics(worker)
+        redis = redis_client(ns.redis_url)
         try:
-            caught_up = ns.wait_applied(redis, ns.end_offsets(), worker, timeout=120)
+            caught_up = ns.wait_counted(redis, worker, timeout=120)
         finally:
             redis.close()
         result.update(run)
@@ -491,7 +367,8 @@ def run_e2e(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     finally:
         watcher.halt.set()
         sender.close()
-        worker.stop()
+        if worker is not None:
+            worker.stop()
         watcher.join(5)
         ns.cleanup()
     return result
@@ -538,22 +415,14 @@ def _latencies(probes: Mapping[str, float], watcher: AlertWatcher) -> dict[str, 
         states[state] += 1
     third = len(to_consumer) // 3
     return {"probes_answered": len(to_consumer), "first_states": dict(states),
-            "latency_s": _rounded(spread(to_consumer)),
-            "to_publish_s": _rounded(spread(to_publish)),
-            "latency_first_third_s": _rounded(spread(to_consumer[:third])),
-            "latency_last_third_s": _rounded(spread(to_consumer[-third:] if third else []))}
+            "latency_s": _rounded(percentiles(to_consumer)),
+            "to_publish_s": _rounded(percentiles(to_publish)),
+            "latency_first_third_s": _rounded(percentiles(to_consumer[:third])),
+            "latency_last_third_s": _rounded(percentiles(to_consumer[-third:] if third else []))}
 
 
 def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
-
-
-def _cpu_seconds(worker: Worker) -> float:
-    """User + system CPU seconds of the worker process and its child processes so far."""
-    assert worker.proc is not None
-    pid = worker.proc.pid
-    return cpu_seconds(pid) + sum(value for name, value in child_figures(pid).items()
-                                  if name.endswith("_cpu_s"))
 
 
 def _worker_figures(worker: Worker, before: Mapping[str, float], after: Mapping[str, float],
@@ -570,7 +439,7 @@ def _worker_figures(worker: Worker, before: Mapping[str, float], after: Mapping[
         "evaluations": int(evaluations),
         "evaluation_mean_s": round(spent / evaluations, 3) if evaluations else None,
         "evaluation_share_of_run": round(spent / seconds, 3),
-        "cpu_share": round((_cpu_seconds(worker) - cpu_before) / seconds, 2),
+        "cpu_share": round((worker_cpu_seconds(worker.proc.pid) - cpu_before) / seconds, 2),
         "peak_rss_mib": mib(status.get("VmHWM")),
         "evaluator_peak_rss_mib": mib(evaluator.get("evaluator_VmHWM")),
     }
@@ -891,14 +760,14 @@ def run_memory_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     shapes = Counter(rule.kind for rule in ruleset)
     log(f"{len(ruleset)} rules loaded in {load_s:.2f}s: {dict(shapes)}")
 
-    baseline_rule = load_rule_text(BASELINE_RULE).rules
-    log(f"baseline: one quiet budget rule, {a.repeats} evaluations")
+    baseline_rule = load_rule_text(QUIET_RULE).rules
+    log(f"one quiet budget rule, {a.repeats} evaluations")
     took, evaluation, peak = timed_evaluations(Engine(RuleSet(baseline_rule), "USD"), state, now,
                                                a.repeats)
-    baseline = {"rule": "budget baseline-team-monthly, env=prod by team, never reached",
+    baseline = {"rule": "budget quiet-team-monthly, env=prod by team, never reached",
                 "p50_s": round(statistics.median(took), 3), "runs_s": [round(t, 3) for t in took],
                 "changes": len(evaluation.changes), "peak_rss_mib": mib(peak)}
-    log(f"baseline p50 {baseline['p50_s']}s")
+    log(f"one quiet rule p50 {baseline['p50_s']}s")
 
     result: dict[str, Any] = {"groups": a.groups, "state": built, "rules": len(ruleset),
                               "args_rule_timeout": a.rule_timeout,
@@ -921,8 +790,6 @@ def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """The data set aggregated into Redis by a real worker; the generated rules evaluated as
     the worker evaluates them (``RedisState``, ``KeptAnswers``, idle findings reused between
     ticks), every rule of every evaluation."""
-    from redis import Redis
-
     from costline.connectors.redis_state import RedisState
     from costline.rules.engine import Engine
     from costline.rules.kept_answers import KeptAnswers
@@ -933,15 +800,14 @@ def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     empty = workdir / "no-rules.yaml"
     empty.write_text("rules: []\n")
     ns.create_topics()
-    worker = Worker.for_namespace(ns, empty, workdir)
     out: dict[str, Any] = {"namespace": ns.name, "groups": a.groups}
-    redis = Redis.from_url(a.redis_url)
+    redis = redis_client(a.redis_url)
+    worker: Worker | None = None
     try:
-        worker.start()
-        worker.wait_ready()
+        worker = ns.start_worker(empty, workdir)
         now = time.time()
         out["aggregated"] = fill_redis(ns, worker, redis, a, now)
-        state = RedisState(Redis.from_url(a.redis_url), ns.name, "UTC")
+        state = RedisState(redis_client(a.redis_url), ns.name, "UTC")
         scale = calibrate(state, now)
         text = generate_rules(a.rules, a.seed, scale)
         (workdir / "generated-rules.yaml").write_text(text)
@@ -950,17 +816,18 @@ def run_worker_eval(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         out["kinds"] = dict(Counter(rule.kind for rule in ruleset))
         log(f"{len(ruleset)} rules: {out['kinds']}")
 
-        baseline = Engine(RuleSet(load_rule_text(BASELINE_RULE).rules), "USD")
+        baseline = Engine(RuleSet(load_rule_text(QUIET_RULE).rules), "USD")
         took, _, _ = timed_evaluations(baseline, state, time.time(), a.repeats)
         out["baseline_p50_s"] = round(statistics.median(took), 3)
-        log(f"baseline (one rule, nothing kept) p50 {out['baseline_p50_s']}s")
+        log(f"one quiet rule (nothing kept) p50 {out['baseline_p50_s']}s")
         # The collector tuned as in the worker's evaluation process
         # (costline.streams.worker.collector).
         collector.settle()
         out.update(evaluation_cost(Engine(ruleset, "USD"), state, KeptAnswers(),
                                    FreshSpend(ns, a.seed), ns, worker, redis, a))
     finally:
-        worker.stop()
+        if worker is not None:
+            worker.stop()
         redis.close()
         ns.cleanup()
     return out
@@ -992,7 +859,7 @@ def fill_redis(ns: Namespace, worker: Worker, redis: Any, a: argparse.Namespace,
             send(topic)
     prod.flush()
     prod.close()
-    done = ns.wait_applied(redis, ns.end_offsets(), worker)
+    done = ns.wait_counted(redis, worker)
     log(f"Redis filled by the worker: {count:,} events in {done - started:.0f}s")
     return {"events": count, "seconds": round(done - started, 1)}
 
@@ -1064,24 +931,24 @@ def evaluation_cost(engine: Any, state: Any, kept: Any, fresh: FreshSpend, ns: N
     log(f"first evaluation of {len(engine.rules)} rules (nothing kept)")
     out["first_s"] = round(timed("first")[0], 2)
     ticks = [timed("tick")[0] for _ in range(a.repeats)]
-    out["tick_s"] = _rounded(spread(ticks))
+    out["tick_s"] = _rounded(percentiles(ticks))
     # New jobs start all the time: the tag sets' first buckets change before most ticks.
     churned = []
     for _ in range(a.repeats):
         fresh.send(a.groups, a.fresh, new_tagsets=True)
-        ns.wait_applied(redis, ns.end_offsets(), worker)
+        ns.wait_counted(redis, worker)
         churned.append(timed(f"tick after {a.fresh} events of new tag sets")[0])
-    out["tick_new_tagsets_s"] = _rounded(spread(churned))
+    out["tick_new_tagsets_s"] = _rounded(percentiles(churned))
     driven, evaluation = [], None
     for _ in range(a.repeats):
         fresh.send(a.groups, a.fresh)
-        ns.wait_applied(redis, ns.end_offsets(), worker)
+        ns.wait_counted(redis, worker)
         last = evaluation
         reuse = None if last is None else {r.name: last.findings[r.name] for r in engine.rules
                                            if not r.data_driven}
         took, evaluation = timed(f"after {a.fresh} fresh events", reuse)
         driven.append(took)
-    out["data_driven_s"] = _rounded(spread(driven))
+    out["data_driven_s"] = _rounded(percentiles(driven))
     out["fresh_events"] = a.fresh
     out["peak_rss_mib"] = mib(vm_status().get("VmHWM"))
     if profiler is not None:
@@ -1117,8 +984,6 @@ def print_report(result: dict[str, Any]) -> None:
             if s.get("n"):
                 print(f"  latency {label:<16} p50 {s['p50']:.3f}s  p90 {s['p90']:.3f}s  "
                       f"p99 {s['p99']:.3f}s  max {s['max']:.3f}s")
-        print(f"  baseline            {BASELINE['latency']} (2 s timer, every rule read on "
-              f"its own)")
         early, late = e2e["latency_first_third_s"], e2e["latency_last_third_s"]
         if early.get("n") and late.get("n"):
             print(f"  p50 first third {early['p50']:.3f}s, last third {late['p50']:.3f}s "
@@ -1139,7 +1004,7 @@ def print_report(result: dict[str, Any]) -> None:
               f"({ev['state']['events']}, built in {ev['state']['build_s']}s, "
               f"RSS {ev['state']['rss_mib']} MiB)")
         b = ev["baseline"]
-        print(f"  baseline: 1 rule    p50 {b['p50_s']}s  runs {b['runs_s']}  "
+        print(f"  one quiet rule      p50 {b['p50_s']}s  runs {b['runs_s']}  "
               f"peak RSS {b['peak_rss_mib']} MiB")
         print(f"  {ev['rules']} rules loaded in {ev['load_s']}s: {ev['kinds']}")
         if "full" in ev:
@@ -1165,22 +1030,6 @@ def print_report(result: dict[str, Any]) -> None:
         print("  slowest rules:")
         for line in p["slowest"]:
             print(f"    {line}")
-        if ev.get("redis_error"):
-            print(f"\n  RedisState part failed: {ev['redis_error']}")
-        redis = ev.get("redis")
-        if redis:
-            print(f"\n  RedisState (filled by the worker: {redis['aggregated']['events']:,} events "
-                  f"in {redis['aggregated']['seconds']}s)")
-            print(f"    baseline: 1 rule  p50 {redis['baseline_p50_s']}s  "
-                  f"runs {redis['baseline_runs_s']}")
-            rp = redis["per_rule"]
-            print(f"    {rp['measured_rules']} generated rules in {rp['measured_s']}s: mean "
-                  f"{rp['mean_per_rule_s']}s per rule → all {ev['rules']} ≈ "
-                  f"{redis['estimated_full_s']}s ({_how(rp, ev['rules'])})")
-            for line in rp["slowest"]:
-                print(f"      {line}")
-            for caller, c in list(rp["state_reads"]["by_caller"].items())[:4]:
-                print(f"      {caller:<34} {c['calls']:>7} calls  {c['s']:>8.2f}s")
         if p.get("profile"):
             print("\n  profile of the rule-by-rule pass (pyinstrument):")
             print(p["profile"])
@@ -1191,7 +1040,6 @@ def print_worker_eval(w: Mapping[str, Any]) -> None:
     print(f"\n(2) evaluation cost: {w['rules']} rules {w['kinds']} over {w['groups']:,} tag sets, "
           f"as the worker evaluates (RedisState filled by a worker: {agg['events']:,} events "
           f"in {agg['seconds']}s)")
-    print(f"  baseline            {BASELINE['evaluation']}")
     print(f"  one quiet rule      p50 {w['baseline_p50_s']}s (nothing kept)")
     print(f"  first evaluation    {w['first_s']}s: every rule, nothing kept (start, rule reload)")
     says = {
@@ -1248,10 +1096,7 @@ def main() -> None:
     parser.add_argument("--skip-e2e", action="store_true")
     parser.add_argument("--skip-eval", action="store_true")
     parser.add_argument("--skip-redis", action="store_true")
-    parser.add_argument("--bootstrap",
-                        default=os.environ.get("COSTLINE_KAFKA_BOOTSTRAP", "127.0.0.1:19092"))
-    parser.add_argument("--redis-url",
-                        default=os.environ.get("COSTLINE_REDIS_URL", "redis://127.0.0.1:16379/0"))
+    service_options(parser)
     a = parser.parse_args()
 
     result: dict[str, Any] = {"machine": machine(), "args": vars(a)}

@@ -3,8 +3,9 @@
     .venv/bin/python bench/spend.py [--events N] [--tagsets N] [--repeats N]
         [--redis-url URL] [--json]
 
-The data set of ``bench/throughput.py`` (same generator and seed: two days of events) is written
-into a namespace of its own through the aggregation's write path (``bench/stages.py``). Then
+The ``jobs`` data set (``bench/datasets.py``, the generator and seed of ``bench/throughput.py``:
+two days of events) is written into a namespace of its own through a worker's stages
+(``bench/stages.py``). Then
 ``spend_report``, what ``costline spend --json`` prints without the command's start-up, answers
 a few questions over the days the data set covers: first with a fresh ``RedisState`` (it reads
 every tag set's dimensions, as each ``costline spend`` does), then again on the same one (the
@@ -34,10 +35,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import data_set_options  # noqa: E402 - needs REPO on the path
-from bench.throughput import generate, log, unlink_namespaces  # noqa: E402
+from bench.common import (  # noqa: E402 - needs REPO on the path
+    data_set_options,
+    log,
+    redis_client,
+    unlink_namespaces,
+)
+from bench.datasets import DAY_S, generate  # noqa: E402
+from bench.stages import run_stages  # noqa: E402
 
-DAY_S = 86400
+PARTITIONS = 4
 # (label, --by, --where, --peaks): a few groups, one row per job, peaks, and a filter.
 QUESTIONS: tuple[tuple[str, list[str], dict[str, str], bool], ...] = (
     ("--by team", ["team"], {}, False),
@@ -72,12 +79,10 @@ def raw_read(redis: Any, state: Any, start: float, end: float) -> int:
 
 def measure(ns: str, redis_url: str, start: float, end: float, repeats: int
             ) -> dict[str, Any]:
-    from redis import Redis
-
     from costline.connectors.redis_state import RedisState
     from costline.streams.cli.spend_cmd import parse_filters, spend_report
 
-    redis = Redis.from_url(redis_url)
+    redis = redis_client(redis_url)
     out: dict[str, Any] = {}
     baseline = [timed(lambda: raw_read(redis, RedisState(redis, ns, "UTC"), start, end))
                 for _ in range(repeats)]
@@ -136,15 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
 
-    from bench.stages import run_stages
-
     ns = "spendbench" + secrets.token_hex(3)
-    data = generate(a.events, a.tagsets, 4, 1.1, a.seed, ns)
+    data = generate("jobs", a.events, a.tagsets, PARTITIONS, a.seed, run_id=ns)
     # Whole UTC days around the data set: read from daily buckets, as a month would be.
     start = data.ts_min // DAY_S * DAY_S
     end = (data.ts_max // DAY_S + 1) * DAY_S
     try:
-        asyncio.run(run_stages(data.batches(100), ns, a.redis_url, 10_000))
+        asyncio.run(run_stages(data, ns, a.redis_url))
         questions = measure(ns, a.redis_url, start, end, a.repeats)
     finally:
         unlink_namespaces(a.redis_url, [ns])
@@ -152,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     whole = [label for label, _, where, _ in QUESTIONS if not where]
     figures = {"events": a.events, "tagsets": a.tagsets, "repeats": a.repeats,
                "days": int((end - start) // DAY_S), "namespace": ns, "questions": questions,
-               "expected_cost_micro": data.expected_cost_micro,
-               "total_ok": all(questions[label]["cost_micro"] == data.expected_cost_micro
+               "expected_cost_micro": data.expected_micro,
+               "total_ok": all(questions[label]["cost_micro"] == data.expected_micro
                                for label in whole)}
     print(json.dumps(figures, indent=2) if a.json else report(figures))
     return 0 if figures["total_ok"] else 1

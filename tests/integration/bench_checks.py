@@ -7,9 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 
-from bench import throughput
+from bench.common import namespace_keys, redis_client
 
 
 def figures_of(main: Callable[[list[str]], int], argv: list[str],
@@ -20,8 +19,8 @@ def figures_of(main: Callable[[list[str]], int], argv: list[str],
 
 
 def keys_left(redis_url: str, namespace: str) -> list[bytes]:
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     try:
-        return throughput.redis_keys(client, namespace)
+        return namespace_keys(client, namespace)
     finally:
         client.close()

@@ -34,23 +34,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+WORKER = [sys.executable, "-m", "costline.streams", "worker", "--loglevel", "warning"]
+
+
 @dataclass
 class Worker:
-    """``costline worker`` as a child process with its own namespace and port."""
+    """``costline worker`` (or ``command``) as a child process with its own namespace and
+    port, in a process group of its own."""
 
     env: dict[str, str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    command: list[str] = field(default_factory=lambda: list(WORKER))
 
     def start(self) -> None:
         self.starts += 1
-        handle = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "costline.streams", "worker", "--loglevel", "warning"],
-            cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with self.log.open("ab") as handle:
+            self.proc = subprocess.Popen(self.command, cwd=REPO, env=self.env, stdout=handle,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill9(self) -> None:
         assert self.proc is not None
