@@ -6,7 +6,7 @@ its exact bytes, and each home partition its ledger records; then it acknowledge
 messages, and Faust commits their offsets. A crash before the acknowledgement makes Faust
 deliver them again: their entries reach the ledger twice, and the home partition counts each
 event once (its dedup memory). So intake needs no state of its own, and its order does not
-matter: takes are priced side by side, up to ``depth`` at a time.
+matter: up to ``depth`` takes are priced, and awaited from Kafka, side by side.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Intake:
 
     async def run(self, stream: faust.Stream[Any], batch_messages: int,
                   within_s: float) -> None:
-        """The agent's body: take, price (up to ``depth`` takes at a time), deliver, ack."""
+        """The agent's body: take, price, hand the records to Kafka, acknowledge."""
         taken: asyncio.Queue[tuple[Sequence[EventT[Any]], asyncio.Future[Taken]]] = (
             asyncio.Queue(maxsize=self.depth))
         delivering = asyncio.ensure_future(self._deliver_in_order(taken, stream))
@@ -69,14 +69,29 @@ class Intake:
         self, taken: asyncio.Queue[tuple[Sequence[EventT[Any]], asyncio.Future[Taken]]],
         stream: faust.Stream[Any],
     ) -> None:
-        while True:
-            events, answer = await taken.get()
-            await self.deliver(events, await answer)
-            for event in events:
-                await stream.ack(event)
+        """Hand each take's records to the producer in the order taken; Kafka's answers are
+        awaited beside the next takes' (up to ``depth`` takes), each take acknowledged once
+        all of its own are in."""
+        confirming: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                events, answer = await taken.get()
+                sends = self.sends_of(events, await answer)
+                futures = [await self.send(*send) for send in sends]
+                confirming.add(asyncio.ensure_future(
+                    self._confirm(events, await answer, sends, futures, stream)))
+                while len(confirming) >= self.depth or any(t.done() for t in confirming):
+                    done, confirming = await asyncio.wait(
+                        confirming, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()  # a confirmation that failed stops the agent
+        finally:
+            for task in confirming:
+                task.cancel()
 
-    async def deliver(self, events: Sequence[EventT[Any]], taken: Taken) -> None:
-        """Send a take's dead letters and ledger records, and wait for Kafka to have them."""
+    def sends_of(self, events: Sequence[EventT[Any]], taken: Taken
+                 ) -> list[tuple[str, int | None, bytes | None, bytes]]:
+        """A take's dead letters and ledger records, as (topic, partition, key, value)."""
         sends: list[tuple[str, int | None, bytes | None, bytes]] = []
         for index, code, reason in taken.refused:
             message = events[index].message
@@ -86,28 +101,30 @@ class Intake:
             self.metrics.inc("rejected_total", reason=code)
         for home, records in taken.records.items():
             sends += [(self.ledger_topic, home, None, record) for record in records]
-        await self._send_all(sends)
-        self.metrics.inc("entries_total", taken.events)
-        for event in events:
-            message = event.message
-            self.delivered[(message.topic, message.partition)] = message.offset
+        return sends
 
-    async def _send_all(self, sends: list[tuple[str, int | None, bytes | None, bytes]]) -> None:
-        """Send and wait for every acknowledgement; a send that fails is sent again (Kafka
-        away), so a take is acknowledged only once all of it is in Kafka."""
+    async def _confirm(self, events: Sequence[EventT[Any]], taken: Taken,
+                       sends: list[tuple[str, int | None, bytes | None, bytes]],
+                       futures: list[Awaitable[Any]], stream: faust.Stream[Any]) -> None:
+        """Wait until Kafka has every record of a take, sending again what failed (Kafka
+        away), then acknowledge the take's messages: only then may Faust commit them."""
         backoff = Backoff()
-        while sends:
-            futures = [await self.send(topic, partition, key, value)
-                       for topic, partition, key, value in sends]
+        while True:
             results = await asyncio.gather(*futures, return_exceptions=True)
             failed = [send for send, result in zip(sends, results, strict=True)
                       if isinstance(result, BaseException)]
             if not failed:
                 self.health.recovered("kafka")
-                return
+                break
             error = next(r for r in results if isinstance(r, BaseException))
             self.health.failing("kafka", error)
             log.warning("%d of %d sends failed, sending them again: %s", len(failed),
                         len(sends), error)
-            sends = failed
             await backoff.wait()
+            sends = failed
+            futures = [await self.send(*send) for send in sends]
+        self.metrics.inc("entries_total", taken.events)
+        for event in events:
+            message = event.message
+            self.delivered[(message.topic, message.partition)] = message.offset
+            await stream.ack(event)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costline.rules.ledger import Intake as Pricer
-from costline.rules.ledger import Record
+from costline.rules.ledger import Record, event_key
 from costline.rules.prices import PriceBook
 from costline.streams.settings import DEFAULT_PRICES
 from costline.streams.worker.health import Health
@@ -112,12 +112,14 @@ async def test_a_failed_send_is_sent_again_and_the_take_acknowledged_only_after(
     assert "kafka" not in agent.health.problems
 
 
-async def test_takes_are_delivered_and_acknowledged_in_the_order_they_were_taken():
+async def test_takes_are_handed_to_kafka_in_order_and_each_acknowledged_once_all_is_in():
     kafka = Kafka()
     takes = [events(usage(f"e{n}"), first=n) for n in range(6)]
     stream = Stream(takes, kafka)
     await intake(kafka, depth=3).run(stream, 100, 0.1)  # type: ignore[arg-type]
-    assert stream.acked == list(range(6))
+    assert sorted(stream.acked) == list(range(6))
+    sent = [Record.decode(v).entries[0][1] for t, _, _, v in kafka.has if t == "t.ledger.v1"]
+    assert sent == [event_key(f"e{n}", 3)[0] for n in range(6)]
 
 
 async def test_delivered_offsets_feed_the_input_lag():
