@@ -30,6 +30,8 @@ log = logging.getLogger("costline.intake")
 
 # (topic, partition or None, key, value) → a future of the send (Kafka's acknowledgement).
 Send = Callable[[str, int | None, bytes | None, bytes], Awaitable[Awaitable[Any]]]
+# Told the (key, value) of a take's dead letters once Kafka has them: the refusal tally.
+OnRefused = Callable[[list[tuple[bytes, bytes]]], Awaitable[None]]
 
 
 class Intake:
@@ -44,6 +46,7 @@ class Intake:
         self.depth = depth
         # input partition → the last offset delivered (for the lag gauge)
         self.delivered: dict[tuple[str, int], int] = {}
+        self.on_refused: OnRefused | None = None
 
     async def run(self, stream: faust.Stream[Any], batch_messages: int,
                   within_s: float) -> None:
@@ -78,15 +81,19 @@ class Intake:
     async def deliver(self, events: Sequence[EventT[Any]], taken: Taken) -> None:
         """Send a take's dead letters and ledger records, and wait for Kafka to have them."""
         sends: list[tuple[str, int | None, bytes | None, bytes]] = []
+        letters = []
         for index, code, reason in taken.refused:
             message = events[index].message
             key, value = dead_letter(message.topic, message.partition, message.offset,
                                      message.value, code, reason)
             sends.append((self.dlq_topic, None, key, value))
+            letters.append((key, value))
             self.metrics.inc("rejected_total", reason=code)
         for home, records in taken.records.items():
             sends += [(self.ledger_topic, home, None, record) for record in records]
         await self._send_all(sends)
+        if letters and self.on_refused is not None:
+            await self.on_refused(letters)
         self.metrics.inc("entries_total", taken.events)
         for event in events:
             message = event.message
