@@ -124,14 +124,17 @@ def refused_lines(tally: Mapping[str, Refused], prices: PriceBook) -> list[str]:
         money = priced(refused, prices)
         what = f"{refused.messages} message(s)" + (
             f", {refused.events} event(s)" if refused.events else "")
-        amount = money_micro(money.amount, prices.currency)
-        said = f"{amount} at today's prices" if refused.events else "amount unknown"
-        missing = "; ".join(f"{_quantity(q)} {unit} of {rtype} ({_why(prices, rtype, unit)})"
+        known = f"{money_micro(money.amount, prices.currency)} at today's prices"
+        unknown = ", ".join(f"{_quantity(q)} {unit} of {rtype} ({_why(prices, rtype, unit)})"
                             for (rtype, unit), q in money.unpriced.items())
-        if missing:
-            said += f", plus {missing}"
+        if not refused.events:
+            said = "amount unknown (not readable as events)"
+        elif unknown and money.amount:
+            said = f"{known}, plus {unknown}"
+        else:
+            said = unknown or known
         lines.append(f"warning: refused input in this period, not in the totals: {code}: "
-                     f"{what}, {said}; see costline dead-letters list --reason {code}")
+                     f"{what}: {said}; see costline dead-letters list --reason {code}")
     return lines
 
 

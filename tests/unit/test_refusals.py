@@ -67,8 +67,8 @@ def test_a_unit_the_book_does_not_price_stays_unpriced() -> None:
                                                 T0)))["unit_mismatch"]
     assert priced(refused, FIXED).unpriced == {("gpu.h100", "gpu_minute"): 90_000_000}
     line, = refused_lines({"unit_mismatch": refused}, FIXED)
-    assert "unit_mismatch: 1 message(s), 1 event(s), $0.00 at today's prices" in line
-    assert "90 gpu_minute of gpu.h100 (priced per gpu_hour, not per gpu_minute)" in line
+    assert ("unit_mismatch: 1 message(s), 1 event(s): 90 gpu_minute of gpu.h100 (priced per "
+            "gpu_hour, not per gpu_minute); see") in line
     assert "costline dead-letters list --reason unit_mismatch" in line
 
 
@@ -83,6 +83,11 @@ def test_the_warning_names_the_money_for_people() -> None:
                       quantities={("gpu.h200", "gpu_hour"): 10_000_000})
     line, = refused_lines({"unknown_resource_type": refused}, BOOK)
     assert line.startswith("warning: refused input in this period, not in the totals: "
-                           "unknown_resource_type: 2 message(s), 3 event(s), $1.50 at "
+                           "unknown_resource_type: 2 message(s), 3 event(s): $1.50 at "
                            "today's prices, plus 10 gpu_hour of gpu.h200 (not in the price "
                            "book)")
+
+
+def test_an_unreadable_message_has_no_amount() -> None:
+    line, = refused_lines({"invalid_json": Refused(messages=1)}, BOOK)
+    assert "invalid_json: 1 message(s): amount unknown (not readable as events)" in line
