@@ -2,7 +2,7 @@
 Faust pages (``costline.streams.worker.api_pages``), ``costline serve`` on an aiohttp
 application (``application``).
 
-The dashboard is three files: a page holding no data, its script and its style. The script
+The dashboard is a page holding no data, its script, its style and its icon. The script
 asks the API for everything it shows, with the bearer token when one is needed (typed once,
 kept in the tab's session storage), so the page itself needs none. Nothing is fetched from
 anywhere else: the Content-Security-Policy allows this origin only.
@@ -28,7 +28,8 @@ DASHBOARD = Path(__file__).parent / "dashboard"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 ASSETS = {"/": ("index.html", "text/html"), "/dashboard.js": ("dashboard.js", "text/javascript"),
-          "/dashboard.css": ("dashboard.css", "text/css")}
+          "/dashboard.css": ("dashboard.css", "text/css"),
+          "/favicon.svg": ("favicon.svg", "image/svg+xml")}
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,14 @@ def api_handlers(data: OpenData) -> dict[str, Handler]:
             "dead-letters": dead_letters, "refused": refused, "openapi.json": document}
 
 
-def asset(path: str) -> Handler:
-    """A dashboard file, read once, with the Content-Security-Policy."""
+def asset(path: str, token_required: bool = False) -> Handler:
+    """A dashboard file, read once, with the Content-Security-Policy. The page says whether
+    the API needs a token (never the token), so the script asks for it before any request
+    instead of collecting refusals."""
     name, content_type = ASSETS[path]
     body = (DASHBOARD / name).read_bytes()
+    if token_required:
+        body = body.replace(b'<body data-token="">', b'<body data-token="required">')
 
     async def serve(request: web.Request) -> web.StreamResponse:
         return web.Response(body=body, content_type=content_type, charset="utf-8", headers={
@@ -96,7 +101,8 @@ def routes(data: OpenData, token: str | None) -> list[Route]:
     found = [Route(f"/api/v1/{name}", f"api_{name.replace('-', '_').replace('.', '_')}",
                    guarded(handler, token))
              for name, handler in api_handlers(data).items()]
-    found += [Route(path, f"dashboard_{name.replace('.', '_')}", guarded(asset(path), None))
+    found += [Route(path, f"dashboard_{name.replace('.', '_')}",
+                    guarded(asset(path, bool(token)), None))
               for path, (name, _) in ASSETS.items()]
     return found
 

@@ -263,6 +263,7 @@ async function refresh() {
     status.textContent = `updated ${new Date().toLocaleTimeString()} · every ${EVERY_MS / 1000} s`;
   } catch (error) {
     if (error instanceof Unauthorized) {
+      sessionStorage.removeItem(TOKEN_KEY);
       document.getElementById("login").hidden = false;
       status.textContent = "a bearer token is needed";
       return;
@@ -281,6 +282,11 @@ function start() {
     clearTimeout(timer);
     refresh();
   });
+  if (document.body.dataset.token === "required" && !sessionStorage.getItem(TOKEN_KEY)) {
+    document.getElementById("login").hidden = false;
+    document.getElementById("status").textContent = "a bearer token is needed";
+    return;
+  }
   refresh();
 }
 
