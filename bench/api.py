@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {query:40s}{f['rows']:>8,}{f['p50_ms']:10.1f}{f['p99_ms']:10.1f}"
                   f"{f['max_ms']:10.1f}")
     ok = all(f["total_ok"] is not False for f in figures["questions"].values())
+    if not a.json:
+        print(f"total check (each answer without a filter == what was written): "
+              f"{'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 
 
