@@ -13,6 +13,9 @@ refused; once the book prices the type, the same tally says what the message is 
 is when replaying it makes sense. A quantity the book still cannot price (an unknown type, or
 a unit the book does not price it in) is reported as such, never guessed.
 
+The tally is kept per UTC hour: a period is read as the hours that start in it, exact for every
+zone whose offset is a whole number of hours.
+
 Nothing here performs I/O.
 """
 
