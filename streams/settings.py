@@ -9,6 +9,7 @@ names); seven also have an option of the root command (``costline.streams.cli.ro
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -34,6 +35,7 @@ RULES_PACKAGE = Path(rules.__file__).parent
 DEFAULT_RULES = RULES_PACKAGE / "definitions"
 DEFAULT_PRICES = RULES_PACKAGE / "prices" / "example.yaml"
 ENV_PREFIX = "COSTLINE_"
+_TAG_KEY = re.compile(r"[a-z][a-z0-9_]{0,62}")
 
 
 class Settings(BaseSettings):
@@ -64,6 +66,19 @@ class Settings(BaseSettings):
     )
     slack_signing_secret: SecretStr | None = Field(
         None, validation_alias=AliasChoices("SLACK_SIGNING_SECRET", "slack_signing_secret")
+    )
+
+    api_token: SecretStr | None = Field(
+        None, description="when set, /api/v1/... and the dashboard's data require "
+        "Authorization: Bearer <token>"
+    )
+    metrics_spend_keys: tuple[str, ...] = Field(
+        ("team",), description="tag keys whose values label the spend counters of /metrics "
+        "(comma-separated; a short list: one series per combination of their values)"
+    )
+    metrics_refresh_s: float = Field(
+        30.0, gt=0, description="how often the leader reads the budget gauges and spend "
+        "counters of /metrics from Redis"
     )
 
     slack_fallback_channel: str = Field(
@@ -183,6 +198,18 @@ class Settings(BaseSettings):
             variable = f"{ENV_PREFIX}{info.field_name}".upper()
             raise ValueError(f"{variable} is not JSON: {exc.msg} at line {exc.lineno} column "
                              f"{exc.colno}") from None
+
+    @field_validator("metrics_spend_keys", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """``team,project`` → its keys, each one an event could carry as a tag key."""
+        if isinstance(value, str):
+            value = tuple(key.strip() for key in value.split(",") if key.strip())
+        for key in value or ():
+            if not isinstance(key, str) or not _TAG_KEY.fullmatch(key):
+                raise ValueError(f"{key!r} cannot be a tag key (lower-case letters, digits "
+                                 "and _, starting with a letter)")
+        return value
 
     @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
     @classmethod

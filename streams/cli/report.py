@@ -97,7 +97,7 @@ def build_report(sources: Sources, request: ReportRequest) -> Report:
         span=Span(start, end, request.period, request.zone),
         generated_at=request.now,
         totals=_totals(state, start, upto, sum(item.amount for item in waste)),
-        budgets=_budget_charts(state, sources.rules, sources.alerts, request),
+        budgets=budget_charts(state, sources.rules, sources.alerts, request),
         waste=waste,
         spenders=tuple(_ranking(state, key, start, upto) for key in request.by),
         releases=releases(sources.actions, sources.prices, start, end),
@@ -191,21 +191,24 @@ class _HourlySpend:
         return out
 
 
-def _budget_charts(state: SpendReader, rules: RuleSet, book: AlertBook,
-                   request: ReportRequest) -> tuple[BudgetChart, ...]:
+def budget_charts(state: SpendReader, rules: RuleSet, book: AlertBook,
+                  request: ReportRequest, hourly: bool = True) -> tuple[BudgetChart, ...]:
+    """Every budget rule over its period holding the request's moment. Without ``hourly``
+    each group's spend is only its total so far (no points between): what the budget gauges
+    and ``/api/v1/budgets`` without ``points`` need, read without the period's hours."""
     windows = [(rule, _Window.of(rule, request)) for rule in rules
                if isinstance(rule, BudgetRule)]
-    hourly = {measure: _HourlySpend.read(state, [w for w in windows if w[0].measure == measure],
-                                         measure)
-              for measure in {rule.measure for rule, _ in windows}}
-    return tuple(_budget_chart(state, hourly[rule.measure], rule, window, book, request.now)
+    spend = {measure: _HourlySpend.read(state, [w for w in windows if w[0].measure == measure],
+                                        measure)
+             for measure in {rule.measure for rule, _ in windows}} if hourly else {}
+    return tuple(_budget_chart(state, spend.get(rule.measure), rule, window, book, request.now)
                  for rule, window in windows)
 
 
-def _budget_chart(state: SpendReader, hourly: _HourlySpend, rule: BudgetRule, window: _Window,
-                  book: AlertBook, now: float) -> BudgetChart:
+def _budget_chart(state: SpendReader, hourly: _HourlySpend | None, rule: BudgetRule,
+                  window: _Window, book: AlertBook, now: float) -> BudgetChart:
     spent = state.totals(rule.measure, rule.match, rule.group_by, window.start, window.upto)
-    lines = _cumulative(state, rule, window, hourly.of(rule, window))
+    lines = _cumulative(state, rule, window, hourly.of(rule, window)) if hourly else {}
     rates = _burn_rates(state, rule, window.start, now) if window.running else {}
     groups = tuple(
         BudgetGroup(

@@ -147,15 +147,23 @@ AT_HELP = ("A moment inside the period: RFC 3339 with an offset, Unix seconds, n
 
 def moment(at: str | None, now: float, zone: str) -> float:
     """``--at``: the moment asked for (``costline.rules.durations.parse_moment``), or now; a
-    time that does not read is a usage error (exit 2) listing the forms that do."""
-    from costline.rules.durations import parse_moment
+    time that does not read, or that no calendar period can hold (past the year 9999), is a
+    usage error (exit 2)."""
+    from costline.rules.durations import parse_moment, period_bounds
 
     if at is None:
         return now
     try:
-        return parse_moment(at, now, zone)
+        found = parse_moment(at, now, zone)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--at") from exc
+    try:
+        for period in ("week", "month"):
+            period_bounds(found, period, zone)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{at!r}: no calendar period holds that moment",
+                                 param_hint="--at") from exc
+    return found
 
 
 _registered: list[bool] = []

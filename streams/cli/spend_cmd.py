@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from pydantic import TypeAdapter, ValidationError
@@ -15,6 +16,11 @@ from costline.rules.events import TagKey
 from costline.rules.state import Measure, totals_each
 from costline.streams.cli import command_group
 from costline.streams.cli.root import AT_HELP, moment, zone_option
+
+if TYPE_CHECKING:
+    from costline.connectors.redis_state import RedisState
+    from costline.rules.prices import PriceBook
+    from costline.streams.settings import Settings
 
 PERIODS = ("day", "week", "month")
 # ``--basis`` → the measure and the key of ``--json`` rows: net spend is ``cost``.
@@ -207,6 +213,66 @@ def _table(report: dict[str, Any], by: Sequence[str], basis: str = "net") -> Non
     Console().print(table)
 
 
+@dataclass(frozen=True)
+class SpendAnswer:
+    """What ``costline spend`` answers: the ``--json`` document, and the warnings it prints
+    on stderr beside it."""
+
+    report: dict[str, Any]
+    warnings: list[str]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Where a spend question is answered from: a long-lived reader (the API's) keeps one,
+    so the tag sets it has read and the price book are not read again for every question."""
+
+    state: RedisState
+    prices: PriceBook
+
+
+def spend_answer(settings: Settings, reading: Reading | None = None, *, by: str = "",
+                 where: Sequence[str] = (), period: str = "month", at: str | None = None,
+                 tz: str | None = None, peaks: bool = False, basis: str = "net") -> SpendAnswer:
+    """``costline spend`` for these options, as given on the command line (``by``
+    comma-separated, each ``where`` ``KEY=VALUE``); a bad one is ``typer.BadParameter``.
+
+    ``GET /api/v1/spend`` takes exactly the keyword-only arguments as its query parameters
+    (``costline.streams.api.spend``), so both answer the same question the same way."""
+    from costline.connectors.redis_client import connect
+    from costline.connectors.redis_state import RedisState
+    from costline.rules.durations import period_bounds
+    from costline.rules.prices import PriceBook
+
+    if period not in PERIODS:
+        raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
+    if basis not in BASES:
+        raise typer.BadParameter(f"{basis!r}: one of net, gross, credits", param_hint="--basis")
+    keys = group_keys(by)
+    filters = parse_filters(where)
+    zone = zone_option(tz) or settings.timezone
+    start, end = period_bounds(moment(at, time.time(), zone), period, zone)  # type: ignore[arg-type]
+    if reading is not None:
+        return _answer(settings, reading, keys, filters, start, end, peaks, basis)
+    # A Redis that never answers ends the command with an error instead of hanging it.
+    state = RedisState(connect(settings.redis_url, timeout_s=30), settings.namespace,
+                       settings.timezone)
+    return _answer(settings, Reading(state, PriceBook.load(settings.prices)), keys, filters,
+                   start, end, peaks, basis)
+
+
+def _answer(settings: Settings, reading: Reading, keys: list[str], filters: Filters,
+            start: float, end: float, peaks: bool, basis: str) -> SpendAnswer:
+    state = reading.state
+    report = spend_report(state, reading.prices.currency, keys, filters, start, end, peaks,
+                          basis)
+    warnings = _short_warning(state, start, end)
+    warnings += refused_warnings(settings, state, reading.prices, start, end)
+    warnings += [f"no event in this period carries the key {key!r}: its column is empty (—) "
+                 "in every row" for key in absent_keys(report, keys)]
+    return SpendAnswer(report, warnings)
+
+
 @command_group
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -231,38 +297,19 @@ def register(app: typer.Typer) -> None:
                                      "decimal strings."),
     ) -> None:
         """Spend and waste per group for a day, week or month."""
-        from costline.connectors.redis_client import connect
-        from costline.connectors.redis_state import RedisState
-        from costline.rules.durations import period_bounds
-        from costline.rules.prices import PriceBook
         from costline.streams.cli.root import settings_of
 
-        settings = settings_of(ctx)
-        if period not in PERIODS:
-            raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
-        if basis not in BASES:
-            raise typer.BadParameter(f"{basis!r}: one of net, gross, credits",
-                                     param_hint="--basis")
-        keys = group_keys(by)
-        filters = parse_filters(where)
-        zone = zone or settings.timezone
-        start, end = period_bounds(moment(at, time.time(), zone), period, zone)  # type: ignore[arg-type]
-        # A Redis that never answers ends the command with an error instead of hanging it.
-        state = RedisState(connect(settings.redis_url, timeout_s=30), settings.namespace,
-                           settings.timezone)
-        currency = PriceBook.load(settings.prices).currency
-        report = spend_report(state, currency, keys, filters, start, end, peaks, basis)
-        _warn_if_short(state, start, end)
-        for key in absent_keys(report, keys):
-            typer.echo(f"costline spend: no event in this period carries the key {key!r}: "
-                       "its column is empty (—) in every row", err=True)
+        answer = spend_answer(settings_of(ctx), by=by, where=where, period=period, at=at,
+                              tz=zone, peaks=peaks, basis=basis)
+        for warning in answer.warnings:
+            typer.echo(f"costline spend: {warning}", err=True)
         if as_json:
-            typer.echo(json.dumps(report, indent=2))
+            typer.echo(json.dumps(answer.report, indent=2))
         else:
-            _table(report, keys, basis)
+            _table(answer.report, group_keys(by), basis)
 
 
-def _warn_if_short(state: Any, start: float, end: float) -> None:
+def _short_warning(state: Any, start: float, end: float) -> list[str]:
     """Say so when part of the period comes from buckets that may have expired (on stderr,
     so ``--json`` stays machine-readable)."""
     from costline.connectors.redis_keys import Retention
@@ -270,9 +317,20 @@ def _warn_if_short(state: Any, start: float, end: float) -> None:
     kept = {"1h": f"hourly buckets are kept {Retention.hour // 86400} days",
             "5m": f"5-minute buckets are kept {Retention.five_min // 3600} hours"}
     parts = state.short_lived_parts(start, end, time.time())
-    if parts:
-        typer.echo(f"costline spend: warning: this period's edges are not whole days in the zone "
-                   f"the buckets are kept in and are read from finer buckets ("
-                   f"{'; '.join(kept[p] for p in parts)}): the totals may be short. Ask in "
-                   f"the recorded zone (docs/OPERATIONS.md, Time zone) for an exact answer.",
-                   err=True)
+    if not parts:
+        return []
+    return [f"warning: this period's edges are not whole days in the zone the buckets are "
+            f"kept in and are read from finer buckets ({'; '.join(kept[p] for p in parts)}): "
+            f"the totals may be short. Ask in the recorded zone (docs/OPERATIONS.md, Time "
+            f"zone) for an exact answer."]
+
+
+def refused_warnings(settings: Settings, state: RedisState, prices: PriceBook, start: float,
+                     end: float) -> list[str]:
+    """Input refused in the period, by reason, with its money where it can be told: that
+    money is missing from the totals until the dead letters are replayed."""
+    from costline.connectors.refusal_tally import RefusalTally
+    from costline.rules.refusals import refused_lines
+
+    tally = RefusalTally(state.redis, settings.namespace).read(start, end)
+    return refused_lines(tally, prices)

@@ -37,12 +37,16 @@ from costline.connectors.redis_apply import BatchWriter
 from costline.connectors.redis_client import connect, connect_async
 from costline.connectors.redis_keys import Calendar
 from costline.connectors.redis_state import RedisState
+from costline.connectors.refusal_tally import RefusalTally, dead_letter_record
 from costline.rules.ledger import Intake as Pricer
 from costline.rules.prices import PriceBook
+from costline.streams.api.answers import OpenData
+from costline.streams.api.routes import routes
 from costline.streams.settings import Settings
 from costline.streams.topics import INPUTS
-from costline.streams.worker import collector
+from costline.streams.worker import api_pages, collector
 from costline.streams.worker.aggregation import Aggregation
+from costline.streams.worker.budget_gauges import BUDGET_SERIES, GAUGE_HELP, BudgetGauges
 from costline.streams.worker.evaluation_process import ProcessRunner
 from costline.streams.worker.evaluator import Evaluator, RuleSource
 from costline.streams.worker.health import Health
@@ -353,6 +357,46 @@ class Wiring:
         self.every(2.0, "redis_probe", redis_answers)
         self.every(5.0, "kafka_probe", kafka_answers)
 
+    def refusal_tally(self, intake: Intake) -> None:
+        """Counts every dead letter intake sends in the refusal tally (``costline spend``
+        warns of the money refused in its period). A tally that fails is logged and counted,
+        never holds up intake: the dead letters themselves are in Kafka."""
+        tally = RefusalTally(self.sync_redis, self.settings.namespace)
+        metrics = self.metrics
+
+        def count_all(letters: list[tuple[bytes, bytes]]) -> None:
+            for key, value in letters:
+                record = dead_letter_record(value)
+                if record is not None:
+                    tally.count(key, record)
+
+        async def count(letters: list[tuple[bytes, bytes]]) -> None:
+            try:
+                await asyncio.to_thread(count_all, letters)
+            except Exception:  # noqa: BLE001 - the dead letters are sent; only the tally lags
+                metrics.inc("refusal_tally_errors_total")
+                log.warning("%d dead letter(s) not counted in the refusal tally",
+                            len(letters), exc_info=True)
+        intake.on_refused = count
+
+    def api(self, evaluator: Evaluator) -> None:
+        """The HTTP API (``/api/v1/...``) and the dashboard (``/``) on the worker's web port,
+        and the budget gauges and spend counters of ``/metrics``, read by the leader."""
+        settings = self.settings
+        data = OpenData(settings, self.sync_redis, self.redis, evaluator.source.rules)
+        token = settings.api_token.get_secret_value() if settings.api_token else None
+        api_pages.mount(self.app, routes(data, token))
+        gauges = BudgetGauges(data, settings.metrics_spend_keys, self.app.is_leader)
+        for name in BUDGET_SERIES:
+            self.metrics.gauge(name, gauges.read(name))
+        self.metrics.counter_read("spend_total", gauges.read("spend_total"))
+        for name, text in GAUGE_HELP.items():
+            self.metrics.describe(name, text)
+
+        async def read_gauges() -> None:
+            await asyncio.to_thread(gauges.refresh)
+        self.every(settings.metrics_refresh_s, "metrics_refresh", read_gauges, on_leader=True)
+
     def garbage_collection(self) -> None:
         async def settle_collector() -> None:
             """Once the worker has started (costline.streams.worker.collector)."""
@@ -393,11 +437,13 @@ def build_app(settings: Settings, partitions: int | None = None
     ``partitions``: the ledger topic's (the settings' when not given)."""
     wiring = Wiring(settings)
     partitions = partitions or settings.partitions
-    wiring.intake(partitions)
+    intake = wiring.intake(partitions)
+    wiring.refusal_tally(intake)
     aggregation = wiring.aggregation(partitions)
     evaluator = wiring.alerting(aggregation)
     reclaimer = wiring.reclamation(evaluator)
     wiring.slack(evaluator, reclaimer)
+    wiring.api(evaluator)
     wiring.probes()
     wiring.pages()
     wiring.garbage_collection()

@@ -182,6 +182,7 @@ class Evaluator:
         self._ready_at = self.clock() + cost * rest
         for change in evaluation.changes:
             await self.publish(change["alert_id"].encode(), _json(change))
+        await asyncio.to_thread(self.store.record_resolved, evaluation.changes)
         await asyncio.to_thread(self.store.save_book, evaluation.book)
         self._generation = generation
         if tick:

@@ -30,6 +30,8 @@ log = logging.getLogger("costline.intake")
 
 # (topic, partition or None, key, value) → a future of the send (Kafka's acknowledgement).
 Send = Callable[[str, int | None, bytes | None, bytes], Awaitable[Awaitable[Any]]]
+# Told the (key, value) of a take's dead letters once Kafka has them: the refusal tally.
+OnRefused = Callable[[list[tuple[bytes, bytes]]], Awaitable[None]]
 
 
 class Intake:
@@ -44,6 +46,7 @@ class Intake:
         self.depth = depth
         # input partition → the last offset delivered (for the lag gauge)
         self.delivered: dict[tuple[str, int], int] = {}
+        self.on_refused: OnRefused | None = None
 
     async def run(self, stream: faust.Stream[Any], batch_messages: int,
                   within_s: float) -> None:
@@ -108,6 +111,8 @@ class Intake:
                        futures: list[Awaitable[Any]], stream: faust.Stream[Any]) -> None:
         """Wait until Kafka has every record of a take, sending again what failed (Kafka
         away), then acknowledge the take's messages: only then may Faust commit them."""
+        letters = [(key, value) for topic, _, key, value in sends
+                   if topic == self.dlq_topic and key is not None]
         backoff = Backoff()
         while True:
             results = await asyncio.gather(*futures, return_exceptions=True)
@@ -123,6 +128,8 @@ class Intake:
             await backoff.wait()
             sends = failed
             futures = [await self.send(*send) for send in sends]
+        if letters and self.on_refused is not None:
+            await self.on_refused(letters)
         self.metrics.inc("entries_total", taken.events)
         for event in events:
             message = event.message

@@ -49,7 +49,8 @@ class Histogram:
 
 
 class Metrics:
-    """The worker's series. ``gauges`` are callables read at scrape time."""
+    """The worker's series. ``gauges`` (and ``read_counters``, counters kept elsewhere) are
+    callables read at scrape time."""
 
     PREFIX = "costline_"
 
@@ -58,6 +59,7 @@ class Metrics:
         self.help: dict[str, str] = {}
         self.histograms: dict[str, Histogram] = {}
         self.gauges: dict[str, Callable[[], dict[Labels, float]]] = {}
+        self.read_counters: dict[str, Callable[[], dict[Labels, float]]] = {}
 
     def describe(self, name: str, text: str) -> None:
         self.help[name] = text
@@ -74,6 +76,10 @@ class Metrics:
     def gauge(self, name: str, read: Callable[[], dict[Labels, float]]) -> None:
         self.gauges[name] = read
 
+    def counter_read(self, name: str, read: Callable[[], dict[Labels, float]]) -> None:
+        """A counter whose values something else keeps (Redis), read at scrape time."""
+        self.read_counters[name] = read
+
     def value(self, name: str, **labels: str) -> float:
         return self.counters[name][tuple(sorted(labels.items()))]
 
@@ -85,9 +91,11 @@ class Metrics:
         for name, hist in sorted(self.histograms.items()):
             lines += self._head(name, "histogram")
             lines += list(hist.render(self.PREFIX + name))
-        for name, read in sorted(self.gauges.items()):
-            lines += self._head(name, "gauge")
-            lines += [f"{self.PREFIX}{name}{_labels(k)} {v:g}" for k, v in sorted(read().items())]
+        for kind, reads in (("counter", self.read_counters), ("gauge", self.gauges)):
+            for name, read in sorted(reads.items()):
+                lines += self._head(name, kind)
+                lines += [f"{self.PREFIX}{name}{_labels(k)} {v!r}"
+                          for k, v in sorted(read().items())]
         return "\n".join(lines) + "\n"
 
     def _head(self, name: str, kind: str) -> list[str]:

@@ -63,6 +63,9 @@ class Store:
     def save_book(self, saved: AlertBook) -> None:
         self.saved = saved
 
+    def record_resolved(self, changes: Any) -> None:
+        pass
+
 
 class Source:
     def __init__(self) -> None:

@@ -55,9 +55,11 @@ def test_rows_are_sorted_by_the_basis(state: State, basis: str, order: list[str]
 def cli(state: State, monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
     import costline.connectors.redis_client
     import costline.connectors.redis_state
+    from costline.streams.cli import spend_cmd
 
     monkeypatch.setattr(costline.connectors.redis_client, "connect", lambda *_, **__: None)
     monkeypatch.setattr(costline.connectors.redis_state, "RedisState", lambda *_: state)
+    monkeypatch.setattr(spend_cmd, "refused_warnings", lambda *_: [])
     _register()
     return CliRunner().invoke(app, [
         "--prices", str(PRICES), "spend", "--by", "team", "--period", "day", "--at", str(T0),

@@ -30,9 +30,11 @@ def test_money_reads_as_currency() -> None:
 def spend(state: State, monkeypatch: pytest.MonkeyPatch):  # noqa: F811 - the fixture
     import costline.connectors.redis_client
     import costline.connectors.redis_state
+    from costline.streams.cli import spend_cmd
 
     monkeypatch.setattr(costline.connectors.redis_client, "connect", lambda *_, **__: None)
     monkeypatch.setattr(costline.connectors.redis_state, "RedisState", lambda *_: state)
+    monkeypatch.setattr(spend_cmd, "refused_warnings", lambda *_: [])
     _register()
 
     def run(*args: str) -> Result:

@@ -112,9 +112,11 @@ def test_peaks_of_a_key_given_again_are_hours_of_all_its_values_together(state):
 def test_the_command_passes_every_value_of_a_repeated_key(state, monkeypatch):
     import costline.connectors.redis_client
     import costline.connectors.redis_state
+    from costline.streams.cli import spend_cmd
 
     monkeypatch.setattr(costline.connectors.redis_client, "connect", lambda *_, **__: None)
     monkeypatch.setattr(costline.connectors.redis_state, "RedisState", lambda *_: state)
+    monkeypatch.setattr(spend_cmd, "refused_warnings", lambda *_: [])
     _register()
     result = CliRunner().invoke(app, [
         "--prices", str(PRICES), "spend", "--by", "team", "--where", "team=a",
