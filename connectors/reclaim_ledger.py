@@ -286,6 +286,7 @@ class RedisPlanLedger(Generic[T]):
     def __init__(self, redis: AsyncRedisClient, namespace: str, area: str,
                  decode: Callable[[Mapping[str, str]], T | None]) -> None:
         self._redis = redis
+        self.namespace = namespace
         self._p = f"{{{namespace}:{area}}}"
         self._decode = decode
         self._open = redis.register_script(_OPEN)
@@ -297,6 +298,11 @@ class RedisPlanLedger(Generic[T]):
         self._reserve = redis.register_script(_RESERVE)
         self._sent = redis.register_script(_SENT)
         self._approve = redis.register_script(_APPROVE)
+
+    @property
+    def redis(self) -> AsyncRedisClient:
+        """The client, for another area's ledger on the same Redis."""
+        return self._redis
 
     # ── keys ──────────────────────────────────────────────────────────────────────────────
 
