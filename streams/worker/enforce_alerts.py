@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-STATES = {"warned": "firing", "executed": "firing", "lifted": "resolved",
+STATES = {"warned": "pending", "executed": "firing", "lifted": "resolved",
           "skipped": "resolved", "failed": "resolved"}
+"""Warned is an enforcement pending; enforced, firing; anything that ends it, resolved."""
 
 
 def enforcement_alert(record: dict[str, Any], notify: dict[str, Any] | None = None,
@@ -45,7 +46,7 @@ def enforcement_alert(record: dict[str, Any], notify: dict[str, Any] | None = No
         "mode": record.get("mode") or "live",
         "reclaim": None,
         "headline": _headline(step, subject, record),
-        "summary": str(record.get("reason", "")),
+        "summary": _summary(subject, record),
         "next_step": _next_step(step, subject, record, approval, dry),
         "enforce": {"subject": subject,
                     "approve": step == "warned" and approval == "manual" and not dry,
@@ -60,6 +61,20 @@ def _headline(step: str, subject: str, record: dict[str, Any]) -> str:
              "skipped": f"{subject} is not stopped",
              "failed": f"stopping {subject} failed"}
     return words[step]
+
+
+def _summary(subject: str, record: dict[str, Any]) -> str:
+    from decimal import Decimal
+
+    from costline.rules.money import money
+
+    currency = str(record.get("currency") or "USD")
+    spent = money(Decimal(str(record.get("spent") or 0)), currency)
+    line = str(record.get("line") or "limit")
+    if line == "forecast":
+        return f"{subject} has spent {spent} this period; the forecast crosses its budget line."
+    threshold = money(Decimal(str(record.get("threshold") or 0)), currency)
+    return f"{subject} has spent {spent} this period, past its {line} line of {threshold}."
 
 
 def _next_step(step: str, subject: str, record: dict[str, Any], approval: str,
