@@ -135,7 +135,7 @@ def running(slurm: SlurmCluster, account: str) -> str:
     return job
 
 
-def pending(slurm: SlurmCluster, account: str, name: str = "queued", begin_s: int = 6) -> str:
+def pending(slurm: SlurmCluster, account: str, name: str = "queued", begin_s: int = 4) -> str:
     return slurm.submit(name, 600, f"--account={account}", f"--begin=now+{begin_s}")
 
 
@@ -172,7 +172,7 @@ async def test_hold_pending_holds_queued_and_new_jobs_and_rollover_releases_them
     late = pending(slurm, account, "late")  # submitted while enforced: held on the next sweep
     await enforcer.tick(t0 + 2)
     assert site.published[-1]["reason"].startswith("sweep: held 1 pending job(s)")
-    await asyncio.sleep(7)  # both begin times have passed: only the hold keeps them
+    await asyncio.sleep(5)  # both begin times have passed: only the hold keeps them
     assert [slurm.reason(j) for j in (queued, late)] == ["PENDING JobHeldAdmin"] * 2
     assert slurm.state(before) == "RUNNING"
 
