@@ -98,6 +98,8 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 SchedulerType=sched/backfill
+# Jobs a lifted limit lets run start within seconds, not at the next 30 s backfill round.
+SchedulerParameters=bf_interval=2
 $node State=UNKNOWN
 PartitionName=costline Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:16
 EOF
