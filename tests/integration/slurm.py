@@ -147,9 +147,9 @@ def slurm_accounting(slurm_up: None) -> None:
 def slurm_account(slurm_accounting: None, slurm: SlurmCluster) -> Iterator[str]:
     """A fresh Slurm account with root's association in it; removed afterwards."""
     account = "cl" + secrets.token_hex(4)
-    sacctmgr("add", "account", account, "cluster=costline", "description=costline test",
+    sacctmgr("add", "account", account, "description=costline test",
              "organization=costline")
-    sacctmgr("add", "user", "root", f"account={account}", "cluster=costline")
+    sacctmgr("add", "user", "root", f"account={account}")
     yield account
     slurm.cancel_all()
     subprocess.run(["scancel", f"--account={account}"], capture_output=True, timeout=30,
