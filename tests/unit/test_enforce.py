@@ -298,3 +298,31 @@ def test_a_failed_change_is_rolled_back() -> None:
     assert "rolled back" in world.sent[-1]["reason"]
     assert world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=64"
     assert asyncio.run(world.ledger.plans()) == []
+
+
+# ── what the Slurm connector restores ─────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(("field", "before", "applied", "restore"), [
+    ("GrpTRES", "mem=90000M", "cpu=0", "cpu=-1"),  # no cpu limit before: none after
+    ("GrpTRES", "cpu=8,mem=90000M", "cpu=0", "cpu=8"),  # only the TRES costline set
+    ("GrpTRESMins", "", "cpu=0,gres/gpu=0", "cpu=-1,gres/gpu=-1"),
+    ("MaxSubmitJobs", "", "0", "-1"),
+    ("MaxSubmitJobs", "40", "0", "40"),
+    ("QOS", "normal,long", "held", "normal,long"),
+    ("DefaultQOS", "", "held", "-1"),
+])
+def test_a_lift_sets_back_exactly_what_was_there(field: str, before: str, applied: str,
+                                                 restore: str) -> None:
+    from costline.connectors.enforce.slurm import restore_value
+
+    assert restore_value(field, before, applied) == restore
+
+
+def test_a_value_is_costlines_only_while_it_holds_what_costline_set() -> None:
+    from costline.connectors.enforce.slurm import still_applied
+
+    assert still_applied("GrpTRES", "mem=90000M,cpu=0", "cpu=0")
+    assert not still_applied("GrpTRES", "cpu=4", "cpu=0")
+    assert still_applied("QOS", "b,a", "a,b")
+    assert not still_applied("MaxSubmitJobs", "5", "0")
