@@ -1,4 +1,9 @@
-"""The reclamation ledger: plans, their steps and the execution claims, kept in Redis.
+"""The ledger of automatic actions: plans, their steps and the execution claims, in Redis.
+
+Reclamation keeps its plans here (``RedisReclaimLedger``, area ``reclaim``) and so does budget
+enforcement (area ``enforce``, ``costline.connectors.enforce_ledger``): the same scripts, one
+hash slot per area. A plan type only needs an id, its rule and the subject the rule may hold
+one open plan for (a resource, a group); its ledger decodes what it stored.
 
 Every change of a plan is one compare-and-set script: the step moves only from the state the
 caller saw, and the step's action record is appended to the outbox and the history in the
@@ -11,7 +16,13 @@ while the plan is still ``warned`` and reclamation is not paused. The claim is n
 a worker that dies between claim and outcome leaves the plan ``executing``, and it is later
 closed as failed with the outcome unknown, never executed a second time.
 
-Keys (``P`` = ``{NS:reclaim}``, one hash slot so every script works on Redis Cluster):
+A claim moves a plan from one state to the next under a claim key (reclamation:
+``warned`` → ``executing``; enforcement's lift also ``enforced`` → ``lifting``), and ``note``
+records fields on a plan only while it is in the state its caller saw, never overwriting one
+(the values an enforcement is about to change are noted before it changes them).
+
+Keys (``P`` = ``{NS:reclaim}`` or ``{NS:enforce}``, one hash slot so every script works on
+Redis Cluster):
 
 | key | type | holds |
 |---|---|---|
@@ -19,7 +30,7 @@ Keys (``P`` = ``{NS:reclaim}``, one hash slot so every script works on Redis Clu
 | ``P:open`` | set | ids of plans not yet closed |
 | ``P:slot:<rule>\\t<resource>`` | string | the plan holding the resource: while open, then |
 | | | ``cooldown`` seconds more |
-| ``P:claim:<id>`` | string | the worker that claimed the release |
+| ``P:claim:<id>`` | string | the worker that claimed the release (``:lift``: the lift) |
 | ``P:released:<rule>`` | sorted set | plans released (or reserved) in the last hour |
 | ``P:keep:<resource>`` | string | who pressed Keep and until when (expires then) |
 | ``P:paused`` | string | who paused reclamation, when and why |
@@ -32,9 +43,9 @@ Closed plans and claims are kept for 30 days.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from costline.connectors.redis_client import AsyncRedisClient
 from costline.rules.reclaim import Keep, Plan, PlanState, Tracked
@@ -43,6 +54,26 @@ ClaimResult = Literal["claimed", "taken", "paused"]
 HOUR_S = 3600
 LOG_MAX = 10_000
 CLOSED_KEPT_S = 30 * 86400
+BEFORE_PREFIX = "before:"
+"""Fields ``note`` writes: the values a plan's action is about to change."""
+
+
+class LedgerPlan(Protocol):
+    """What the ledger needs of a plan: who it is, its rule, and its subject."""
+
+    @property
+    def plan_id(self) -> str: ...
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def subject(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -136,8 +167,12 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _tracked(fields: Mapping[Any, Any]) -> Tracked | None:
-    data = {(_text(k) or ""): _text(v) for k, v in fields.items()}
+def _fields(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {(_text(k) or ""): (_text(v) or "") for k, v in raw.items()}
+
+
+def tracked_of(data: Mapping[str, str]) -> Tracked | None:
+    """A reclamation plan from its stored fields."""
     if not data.get("data"):
         return None
     claimed, warned = data.get("claimed_at"), data.get("warned_at")
@@ -159,7 +194,7 @@ end
 # KEYS: slot, plan, open, outbox, log  ARGV: id, data, record, log_max
 _OPEN = _PUSH + """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
-redis.call('HSET', KEYS[2], 'data', ARGV[2], 'state', 'planned')
+redis.call('HSET', KEYS[2], 'data', ARGV[2], 'state', 'planned', 'slot', KEYS[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 push(KEYS[4], KEYS[5], ARGV[3], ARGV[4])
 return 1
@@ -182,13 +217,20 @@ push(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
 return 1
 """
 
-# KEYS: plan, claim, paused  ARGV: worker, now
+# KEYS: plan, claim, paused  ARGV: worker, now, seen, to, check_pause, kept_s
 _CLAIM = """
-if redis.call('EXISTS', KEYS[3]) == 1 then return 'paused' end
-if redis.call('HGET', KEYS[1], 'state') ~= 'warned' then return 'taken' end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX') then return 'taken' end
-redis.call('HSET', KEYS[1], 'state', 'executing', 'claimed_at', ARGV[2], 'claimed_by', ARGV[1])
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then return 'paused' end
+if redis.call('HGET', KEYS[1], 'state') ~= ARGV[3] then return 'taken' end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[6]) then return 'taken' end
+redis.call('HSET', KEYS[1], 'state', ARGV[4], 'claimed_at', ARGV[2], 'claimed_by', ARGV[1])
 return 'claimed'
+"""
+
+# KEYS: plan  ARGV: seen, field, value, field, value...
+_NOTE = """
+if redis.call('HGET', KEYS[1], 'state') ~= ARGV[1] then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
 """
 
 # KEYS: plan, open, slot, outbox, log, claim  ARGV: id, seen, record, cooldown, log_max, kept_s
@@ -237,37 +279,47 @@ return 1
 """
 
 
-class RedisReclaimLedger:
-    """The ledger every worker of a namespace shares."""
+class RedisPlanLedger(Generic[T]):
+    """The ledger of one area (``reclaim``, ``enforce``) every worker of a namespace shares;
+    ``decode`` turns a plan's stored fields back into what its area tracks."""
 
-    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline") -> None:
+    def __init__(self, redis: AsyncRedisClient, namespace: str, area: str,
+                 decode: Callable[[Mapping[str, str]], T | None]) -> None:
         self._redis = redis
-        self._p = f"{{{namespace}:reclaim}}"
+        self.namespace = namespace
+        self._p = f"{{{namespace}:{area}}}"
+        self._decode = decode
         self._open = redis.register_script(_OPEN)
         self._unplanned = redis.register_script(_UNPLANNED)
         self._advance = redis.register_script(_ADVANCE)
         self._claim = redis.register_script(_CLAIM)
+        self._note = redis.register_script(_NOTE)
         self._close = redis.register_script(_CLOSE)
         self._reserve = redis.register_script(_RESERVE)
         self._sent = redis.register_script(_SENT)
         self._approve = redis.register_script(_APPROVE)
+
+    @property
+    def redis(self) -> AsyncRedisClient:
+        """The client, for another area's ledger on the same Redis."""
+        return self._redis
 
     # ── keys ──────────────────────────────────────────────────────────────────────────────
 
     def _plan(self, plan_id: str) -> str:
         return f"{self._p}:plan:{plan_id}"
 
-    def _slot(self, rule: str, resource_id: str) -> str:
-        return f"{self._p}:slot:{rule}\t{resource_id}"
+    def _slot(self, rule: str, subject: str) -> str:
+        return f"{self._p}:slot:{rule}\t{subject}"
 
-    def _claim_key(self, plan_id: str) -> str:
-        return f"{self._p}:claim:{plan_id}"
+    def _claim_key(self, plan_id: str, name: str = "") -> str:
+        return f"{self._p}:claim:{plan_id}" + (f":{name}" if name else "")
 
     def _released(self, rule: str) -> str:
         return f"{self._p}:released:{rule}"
 
-    def _keep(self, resource_id: str) -> str:
-        return f"{self._p}:keep:{resource_id}"
+    def _keep(self, subject: str) -> str:
+        return f"{self._p}:keep:{subject}"
 
     @property
     def _lists(self) -> list[str]:
@@ -275,53 +327,70 @@ class RedisReclaimLedger:
 
     # ── plans ─────────────────────────────────────────────────────────────────────────────
 
-    async def holder(self, rule: str, resource_id: str) -> str | None:
-        return _text(await self._redis.get(self._slot(rule, resource_id)))
+    async def holder(self, rule: str, subject: str) -> str | None:
+        return _text(await self._redis.get(self._slot(rule, subject)))
 
-    async def open(self, plan: Plan, record: dict[str, Any]) -> bool:
-        keys = [self._slot(plan.rule, plan.resource_id), self._plan(plan.plan_id),
+    async def open(self, plan: LedgerPlan, record: dict[str, Any]) -> bool:
+        keys = [self._slot(plan.rule, plan.subject), self._plan(plan.plan_id),
                 f"{self._p}:open", *self._lists]
         args: list[str | int] = [plan.plan_id, json.dumps(plan.to_dict()), record_json(record),
                                  LOG_MAX]
         return bool(await self._open(keys=keys, args=args))
 
-    async def close_unplanned(self, plan: Plan, record: dict[str, Any],
+    async def close_unplanned(self, plan: LedgerPlan, record: dict[str, Any],
                               cooldown_s: int) -> bool:
-        keys = [self._slot(plan.rule, plan.resource_id), *self._lists]
+        keys = [self._slot(plan.rule, plan.subject), *self._lists]
         args: list[str | int] = [plan.plan_id, record_json(record), LOG_MAX,
                                  max(0, int(cooldown_s))]
         return bool(await self._unplanned(keys=keys, args=args))
 
-    async def plans(self) -> list[Tracked]:
+    async def plans(self) -> list[T]:
         ids = sorted(_text(i) or "" for i in await self._redis.smembers(f"{self._p}:open"))
         pipe = self._redis.pipeline(transaction=False)
         for plan_id in ids:
             pipe.hgetall(self._plan(plan_id))
-        found = [_tracked(fields) for fields in await pipe.execute()]
+        found = [self._decode(_fields(fields)) for fields in await pipe.execute()]
         return [tracked for tracked in found if tracked is not None]
 
-    async def get(self, plan_id: str) -> Tracked | None:
-        return _tracked(await self._redis.hgetall(self._plan(plan_id)))
+    async def get(self, plan_id: str) -> T | None:
+        return self._decode(_fields(await self._redis.hgetall(self._plan(plan_id))))
 
-    async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
-                      record: dict[str, Any], at: float) -> bool:
+    async def advance(self, plan_id: str, seen: str, to: str, record: dict[str, Any],
+                      at: float) -> bool:
         keys = [self._plan(plan_id), *self._lists]
         args: list[str | int] = [seen, to, record_json(record), LOG_MAX, repr(at)]
         return bool(await self._advance(keys=keys, args=args))
 
-    async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
-        keys = [self._plan(plan_id), self._claim_key(plan_id), f"{self._p}:paused"]
-        answer = _text(await self._claim(keys=keys, args=[worker, repr(now)]))
+    async def claim(self, plan_id: str, worker: str, now: float, *, seen: str = "warned",
+                    to: str = "executing", name: str = "", check_pause: bool = True
+                    ) -> ClaimResult:
+        """Move a plan from ``seen`` to ``to`` under the claim ``name`` (``SET NX``): once
+        ever per plan and name. ``check_pause``: refuse while the area is paused."""
+        keys = [self._plan(plan_id), self._claim_key(plan_id, name), f"{self._p}:paused"]
+        args: list[str | int] = [worker, repr(now), seen, to, "1" if check_pause else "0",
+                                 CLOSED_KEPT_S]
+        answer = _text(await self._claim(keys=keys, args=args))
         return answer if answer in ("claimed", "paused") else "taken"  # type: ignore[return-value]
 
-    async def close(self, plan_id: str, seen: PlanState, record: dict[str, Any],
+    async def note(self, plan_id: str, seen: str, values: Mapping[str, Any]) -> bool:
+        """Record ``values`` (JSON) as ``before:<key>`` fields while the plan is ``seen``; a
+        field already recorded keeps its first value. ``False`` if the plan moved on."""
+        args: list[str | int] = [seen]
+        for key, value in values.items():
+            args += [BEFORE_PREFIX + key, json.dumps(value, sort_keys=True)]
+        return bool(await self._note(keys=[self._plan(plan_id)], args=args))
+
+    async def close(self, plan_id: str, seen: str, record: dict[str, Any],
                     cooldown_s: int) -> bool:
-        tracked = await self.get(plan_id)
-        if tracked is None:
-            return False
-        plan = tracked.plan
-        keys = [self._plan(plan_id), f"{self._p}:open", self._slot(plan.rule, plan.resource_id),
-                *self._lists, self._claim_key(plan_id)]
+        fields = _fields(await self._redis.hgetall(self._plan(plan_id)))
+        slot = fields.get("slot")
+        if not slot:
+            data = json.loads(fields.get("data") or "{}")
+            if not data:
+                return False
+            slot = self._slot(str(data["rule"]), str(data.get("resource_id", "")))
+        keys = [self._plan(plan_id), f"{self._p}:open", slot, *self._lists,
+                self._claim_key(plan_id)]
         args: list[str | int] = [plan_id, seen, record_json(record), max(0, int(cooldown_s)),
                                  LOG_MAX, CLOSED_KEPT_S]
         return bool(await self._close(keys=keys, args=args))
@@ -331,12 +400,12 @@ class RedisReclaimLedger:
 
     # ── keep, caps, pause ─────────────────────────────────────────────────────────────────
 
-    async def keep(self, resource_id: str, keep: Keep) -> None:
-        await self._redis.set(self._keep(resource_id), json.dumps(asdict(keep)),
+    async def keep(self, subject: str, keep: Keep) -> None:
+        await self._redis.set(self._keep(subject), json.dumps(asdict(keep)),
                               exat=int(keep.until) + 1)
 
-    async def kept(self, resource_id: str, now: float) -> Keep | None:
-        raw = _text(await self._redis.get(self._keep(resource_id)))
+    async def kept(self, subject: str, now: float) -> Keep | None:
+        raw = _text(await self._redis.get(self._keep(subject)))
         if not raw:
             return None
         keep = Keep(**json.loads(raw))
@@ -375,3 +444,10 @@ class RedisReclaimLedger:
     async def history(self, limit: int = 100) -> list[dict[str, Any]]:
         items = await self._redis.lrange(self._lists[1], 0, limit - 1)
         return [json.loads(_text(item) or "{}") for item in items]
+
+
+class RedisReclaimLedger(RedisPlanLedger[Tracked]):
+    """The reclamation's ledger every worker of a namespace shares."""
+
+    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline") -> None:
+        super().__init__(redis, namespace, "reclaim", tracked_of)

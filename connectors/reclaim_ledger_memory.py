@@ -1,34 +1,41 @@
-"""The reclamation ledger in one process: what ``costline.connectors.reclaim_ledger`` keeps in
-Redis, kept in dicts, for unit tests and a single worker without Redis. It answers the same
-``ReclaimLedger`` protocol with the same compare-and-set steps.
+"""The ledger of automatic actions in one process: what ``costline.connectors.reclaim_ledger``
+keeps in Redis, kept in dicts, for unit tests and a single worker without Redis. It answers
+the same protocol with the same compare-and-set steps, and stores a plan as the same fields,
+decoded by the same function.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic
 
 from costline.connectors.reclaim_ledger import (
+    BEFORE_PREFIX,
     HOUR_S,
     LOG_MAX,
     ClaimResult,
+    LedgerPlan,
     Pause,
+    T,
     record_json,
+    tracked_of,
 )
-from costline.rules.reclaim import Keep, Plan, PlanState, Tracked
+from costline.rules.reclaim import Keep, Tracked
 
 
-class MemoryReclaimLedger:
-    """The same ledger in one process: for unit tests and a single worker without Redis."""
+class MemoryPlanLedger(Generic[T]):
+    """One area's ledger in one process."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, decode: Callable[[Mapping[str, str]], T | None],
+                 clock: Callable[[], float] = time.time) -> None:
+        self._decode = decode
         self._clock = clock
-        self._plans: dict[str, dict[str, Any]] = {}
+        self._plans: dict[str, dict[str, str]] = {}
         self._open: set[str] = set()
         self._slots: dict[tuple[str, str], tuple[str, float | None]] = {}
-        self._claims: dict[str, str] = {}
+        self._claims: set[tuple[str, str]] = set()
         self._released: dict[str, dict[str, float]] = {}
         self._keeps: dict[str, Keep] = {}
         self._pause: Pause | None = None
@@ -43,72 +50,77 @@ class MemoryReclaimLedger:
 
     def _state(self, plan_id: str) -> str | None:
         entry = self._plans.get(plan_id)
-        return None if entry is None else str(entry["state"])
+        return None if entry is None else entry["state"]
 
-    async def holder(self, rule: str, resource_id: str) -> str | None:
-        held = self._slots.get((rule, resource_id))
+    async def holder(self, rule: str, subject: str) -> str | None:
+        held = self._slots.get((rule, subject))
         if held is None:
             return None
         plan_id, until = held
         return plan_id if until is None or until > self._clock() else None
 
-    async def open(self, plan: Plan, record: dict[str, Any]) -> bool:
-        if await self.holder(plan.rule, plan.resource_id) is not None:
+    async def open(self, plan: LedgerPlan, record: dict[str, Any]) -> bool:
+        if await self.holder(plan.rule, plan.subject) is not None:
             return False
-        self._slots[(plan.rule, plan.resource_id)] = (plan.plan_id, None)
-        self._plans[plan.plan_id] = {"plan": plan, "state": "planned", "approved_by": None,
-                                     "claimed_at": None, "warned_at": None}
+        self._slots[(plan.rule, plan.subject)] = (plan.plan_id, None)
+        self._plans[plan.plan_id] = {"data": json.dumps(plan.to_dict()), "state": "planned",
+                                     "rule": plan.rule, "subject": plan.subject}
         self._open.add(plan.plan_id)
         self._push(record)
         return True
 
-    async def close_unplanned(self, plan: Plan, record: dict[str, Any],
+    async def close_unplanned(self, plan: LedgerPlan, record: dict[str, Any],
                               cooldown_s: int) -> bool:
-        if await self.holder(plan.rule, plan.resource_id) is not None:
+        if await self.holder(plan.rule, plan.subject) is not None:
             return False
         if cooldown_s > 0:
-            self._slots[(plan.rule, plan.resource_id)] = (plan.plan_id,
-                                                          self._clock() + cooldown_s)
+            self._slots[(plan.rule, plan.subject)] = (plan.plan_id, self._clock() + cooldown_s)
         self._push(record)
         return True
 
-    async def plans(self) -> list[Tracked]:
+    async def plans(self) -> list[T]:
         found = [await self.get(plan_id) for plan_id in sorted(self._open)]
         return [tracked for tracked in found if tracked is not None]
 
-    async def get(self, plan_id: str) -> Tracked | None:
+    async def get(self, plan_id: str) -> T | None:
         entry = self._plans.get(plan_id)
-        if entry is None:
-            return None
-        return Tracked(entry["plan"], entry["state"], entry["approved_by"], entry["claimed_at"],
-                       entry["warned_at"])
+        return None if entry is None else self._decode(dict(entry))
 
-    async def advance(self, plan_id: str, seen: PlanState, to: PlanState,
-                      record: dict[str, Any], at: float) -> bool:
+    async def advance(self, plan_id: str, seen: str, to: str, record: dict[str, Any],
+                      at: float) -> bool:
         if self._state(plan_id) != seen:
             return False
-        self._plans[plan_id].update({"state": to, f"{to}_at": at})
+        self._plans[plan_id].update({"state": to, f"{to}_at": repr(at)})
         self._push(record)
         return True
 
-    async def claim(self, plan_id: str, worker: str, now: float) -> ClaimResult:
-        if self._pause is not None:
+    async def claim(self, plan_id: str, worker: str, now: float, *, seen: str = "warned",
+                    to: str = "executing", name: str = "", check_pause: bool = True
+                    ) -> ClaimResult:
+        if check_pause and self._pause is not None:
             return "paused"
-        if self._state(plan_id) != "warned" or plan_id in self._claims:
+        if self._state(plan_id) != seen or (plan_id, name) in self._claims:
             return "taken"
-        self._claims[plan_id] = worker
-        self._plans[plan_id].update(state="executing", claimed_at=now)
+        self._claims.add((plan_id, name))
+        self._plans[plan_id].update(state=to, claimed_at=repr(now), claimed_by=worker)
         return "claimed"
 
-    async def close(self, plan_id: str, seen: PlanState, record: dict[str, Any],
+    async def note(self, plan_id: str, seen: str, values: Mapping[str, Any]) -> bool:
+        if self._state(plan_id) != seen:
+            return False
+        entry = self._plans[plan_id]
+        for key, value in values.items():
+            entry.setdefault(BEFORE_PREFIX + key, json.dumps(value, sort_keys=True))
+        return True
+
+    async def close(self, plan_id: str, seen: str, record: dict[str, Any],
                     cooldown_s: int) -> bool:
         if self._state(plan_id) != seen:
             return False
         entry = self._plans[plan_id]
         entry["state"] = "closed"
         self._open.discard(plan_id)
-        plan: Plan = entry["plan"]
-        slot = (plan.rule, plan.resource_id)
+        slot = (entry["rule"], entry["subject"])
         if self._slots.get(slot, ("", None))[0] == plan_id:
             if cooldown_s > 0:
                 self._slots[slot] = (plan_id, self._clock() + cooldown_s)
@@ -123,11 +135,11 @@ class MemoryReclaimLedger:
         self._plans[plan_id]["approved_by"] = by
         return True
 
-    async def keep(self, resource_id: str, keep: Keep) -> None:
-        self._keeps[resource_id] = keep
+    async def keep(self, subject: str, keep: Keep) -> None:
+        self._keeps[subject] = keep
 
-    async def kept(self, resource_id: str, now: float) -> Keep | None:
-        keep = self._keeps.get(resource_id)
+    async def kept(self, subject: str, now: float) -> Keep | None:
+        keep = self._keeps.get(subject)
         return keep if keep is not None and keep.until > now else None
 
     async def released(self, rule: str, now: float, excluding: Sequence[str] = ()) -> int:
@@ -164,3 +176,10 @@ class MemoryReclaimLedger:
 
     async def history(self, limit: int = 100) -> list[dict[str, Any]]:
         return [json.loads(item) for item in self._log[:limit]]
+
+
+class MemoryReclaimLedger(MemoryPlanLedger[Tracked]):
+    """The reclamation's ledger in one process: for unit tests and a single worker."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(tracked_of, clock)

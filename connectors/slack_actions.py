@@ -35,6 +35,7 @@ from costline.connectors.slack_render import (
     APPROVE_ACTION,
     DIGEST_MENU_ACTION,
     KEEP_ACTION,
+    LIFT_ACTION,
     SNOOZE_ACTIONS,
     duration,
 )
@@ -71,6 +72,8 @@ class AlertActions(Protocol):
     async def keep(self, request: ActionRequest, duration: timedelta) -> str | None: ...
 
     async def approve(self, request: ActionRequest) -> str | None: ...
+
+    async def lift(self, request: ActionRequest) -> str | None: ...
 
 
 class MessageNotes(Protocol):
@@ -124,7 +127,7 @@ class ApproverPolicy:
         if listed is None and request.channel_id is not None:
             listed = self.by_channel.get(request.channel_id)
         if listed is None:
-            return request.action != "approve"
+            return request.action not in ("approve", "lift")
         return request.user_id in listed or request.user_name in listed
 
 
@@ -227,6 +230,8 @@ class SlackActionsHandler:
             return await self._actions.snooze(action, timedelta(seconds=action.duration_s or 0))
         if action.action == "keep":
             return await self._actions.keep(action, timedelta(seconds=action.duration_s or 0))
+        if action.action == "lift":
+            return await self._actions.lift(action)
         return await self._actions.approve(action)
 
     async def drain(self) -> None:
@@ -309,10 +314,10 @@ def _action_and_value(pressed: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         raise BadRequest("malformed action value")
     if action_id == DIGEST_MENU_ACTION:
         action_id = str(value.get("action"))
-    if action_id not in (*SNOOZE_ACTIONS, KEEP_ACTION, APPROVE_ACTION):
+    if action_id not in (*SNOOZE_ACTIONS, KEEP_ACTION, APPROVE_ACTION, LIFT_ACTION):
         raise BadRequest(f"unknown action {action_id[:64]!r}")
-    if action_id in (KEEP_ACTION, APPROVE_ACTION) and not value.get("resource_id"):
-        raise BadRequest("keep and approve need a resource")
+    if action_id in (KEEP_ACTION, APPROVE_ACTION, LIFT_ACTION) and not value.get("resource_id"):
+        raise BadRequest("keep, approve and lift need a resource or a group")
     return action_id, value
 
 
@@ -333,7 +338,7 @@ def _optional_text(value: Any) -> str | None:
 def _verb(action_id: str) -> str:
     if action_id in SNOOZE_ACTIONS:
         return "snooze"
-    return "keep" if action_id == KEEP_ACTION else "approve"
+    return {KEEP_ACTION: "keep", LIFT_ACTION: "lift"}.get(action_id, "approve")
 
 
 def _doing(action: ActionRequest) -> str:
@@ -341,6 +346,10 @@ def _doing(action: ActionRequest) -> str:
         return f"Snoozing for {duration(action.duration_s or 0)}:"
     if action.action == "keep":
         return f"Keeping {action.resource_id} for {duration(action.duration_s or 0)}:"
+    if action.action == "lift":
+        return f"Lifting the enforcement on {action.resource_id}:"
+    if _is_enforcement(action):
+        return f"Approving the enforcement on {action.resource_id}:"
     return f"Approving the release of {action.resource_id}:"
 
 
@@ -352,9 +361,18 @@ def _note(action: ActionRequest, detail: str | None) -> str:
     elif action.action == "keep":
         text = (f":raised_hand: `{action.resource_id}` kept for "
                 f"{duration(action.duration_s or 0)} by {who}")
+    elif action.action == "lift":
+        text = f":unlock: Enforcement on `{action.resource_id}` lifted by {who}"
+    elif _is_enforcement(action):
+        text = f":white_check_mark: Enforcement on `{action.resource_id}` approved by {who}"
     else:
         text = f":white_check_mark: Release of `{action.resource_id}` approved by {who}"
     return f"{text} ({detail})" if detail else text
+
+
+def _is_enforcement(action: ActionRequest) -> bool:
+    """An enforcement's alert (``<rule>/enforce/<group>``), not a reclamation's."""
+    return "/enforce/" in action.alert_id
 
 
 def _plain(status: int, reason: str) -> web.Response:

@@ -33,6 +33,7 @@ SNOOZE_ACTIONS = {"costline.snooze.1h": 3600, "costline.snooze.4h": 4 * 3600,
                   "costline.snooze.1d": 86400}
 KEEP_ACTION = "costline.keep"
 APPROVE_ACTION = "costline.approve"
+LIFT_ACTION = "costline.lift"
 DIGEST_MENU_ACTION = "costline.menu"
 
 STATES = ("pending", "firing", "resolved", "silenced")
@@ -435,7 +436,10 @@ def _waste_section(change: AlertChange) -> Block | None:
 
 
 def next_step(change: AlertChange) -> str | None:
-    """What happens to the resource next, so nobody is surprised by a release."""
+    """What happens to the resource next, so nobody is surprised by a release. An alert
+    made outside the rule engine (an enforcement) brings its own."""
+    if change.record.get("next_step"):
+        return str(change.record["next_step"])
     reclaim = change.reclaim
     if reclaim is None:
         return None
@@ -465,6 +469,9 @@ def action_value(change: AlertChange, action: str | None = None) -> str:
     payload: dict[str, str] = {"alert_id": change.alert_id, "rule": change.rule}
     if change.reclaim is not None:
         payload["resource_id"] = change.reclaim.resource_id
+    enforce = change.record.get("enforce") or {}
+    if enforce.get("subject"):
+        payload["resource_id"] = str(enforce["subject"])
     if action is not None:
         payload["action"] = action
     return json.dumps(payload, separators=(",", ":"))
@@ -496,7 +503,27 @@ def _actions(change: AlertChange) -> Block | None:
                 "deny": {"type": "plain_text", "text": "Cancel"},
             }
             buttons.append(approve)
+    buttons += _enforce_buttons(change, value)
     return {"type": "actions", "block_id": ACTIONS_BLOCK_ID, "elements": buttons}
+
+
+def _enforce_buttons(change: AlertChange, value: str) -> list[Block]:
+    """Approve and Lift on an enforcement's message (``enforce`` in the record)."""
+    enforce = change.record.get("enforce") or {}
+    subject = escape(str(enforce.get("subject", "")))
+    buttons = []
+    if enforce.get("approve"):
+        buttons.append(_button("Approve", APPROVE_ACTION, value, style="primary"))
+    if enforce.get("lift"):
+        lift = _button("Lift", LIFT_ACTION, value, style="danger")
+        lift["confirm"] = {
+            "title": {"type": "plain_text", "text": "Lift the enforcement?"},
+            "text": {"type": "mrkdwn", "text": f"`{subject}` may spend again this period."},
+            "confirm": {"type": "plain_text", "text": "Lift"},
+            "deny": {"type": "plain_text", "text": "Cancel"},
+        }
+        buttons.append(lift)
+    return buttons
 
 
 def _footer(change: AlertChange, notes: Sequence[str]) -> Block:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationInfo
 
 from costline.rules.reclaim_params import Reclaimer
+
+if TYPE_CHECKING:  # enforce_params reads the plug-ins through plugins_of below
+    from costline.rules.enforce_params import Enforcer
 
 CONTEXT_KEY = "plugins"
 
@@ -30,6 +33,8 @@ class Plugins:
 
     reclaimers: Mapping[str, type[Reclaimer]] = field(default_factory=dict)
     """``reclaim: {connector: NAME}`` → the connector, which carries its parameter model."""
+    enforcers: Mapping[str, type[Enforcer]] = field(default_factory=dict)
+    """``enforce: {connector: NAME}`` of a budget rule → the connector, likewise."""
 
 
 NO_PLUGINS = Plugins()

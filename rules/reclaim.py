@@ -81,6 +81,11 @@ class Plan:
     """What the resource costs per hour, micro-units (0 when the price book cannot say)."""
     currency: str
 
+    @property
+    def subject(self) -> str:
+        """What the ledger holds one open plan per rule for: the resource."""
+        return self.resource_id
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "plan_id": self.plan_id, "rule": self.rule, "resource_id": self.resource_id,

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from costline.rules.enforce_params import COMMON_KEYS, EnforceParams
 from costline.rules.kinds import KINDS, Rule
 from costline.rules.loader import rules_json_schema
 from costline.rules.plugins import Plugins
@@ -19,6 +20,7 @@ from costline.rules.reclaim_params import ReclaimParams
 from costline.rules.registry import example_of, summary_of
 
 COMMON_RECLAIM_KEYS = ("connector", "grace", *ReclaimParams.model_fields)
+COMMON_ENFORCE_KEYS = (*COMMON_KEYS, *EnforceParams.model_fields)
 
 
 def reference_markdown(plugins: Plugins) -> str:
@@ -27,9 +29,9 @@ def reference_markdown(plugins: Plugins) -> str:
     common = Rule.model_json_schema(by_alias=True)
     parts = [
         "# Rule reference\n",
-        "Every rule kind and reclaim connector, generated from their registries by "
-        "`costline rules reference`; a test keeps this file equal to its output. Editors "
-        "get the same keys as a JSON Schema from `costline rules schema`.\n",
+        "Every rule kind, reclaim connector and enforcement connector, generated from their "
+        "registries by `costline rules reference`; a test keeps this file equal to its "
+        "output. Editors get the same keys as a JSON Schema from `costline rules schema`.\n",
         "## Keys every rule has\n",
         _table(common, list(common["properties"])),
         "## Kinds\n",
@@ -57,7 +59,26 @@ def reference_markdown(plugins: Plugins) -> str:
         parts += [f"### `{name}`\n", option["description"] + "\n"]
         parts += [_table(option, own, noun="parameter")] if own else []
         parts += [_example(connector)]
-    return "\n".join(parts)
+    return "\n".join(parts + _enforcers(plugins, defs))
+
+
+def _enforcers(plugins: Plugins, defs: Mapping[str, Any]) -> list[str]:
+    options = {o["properties"]["connector"]["const"]: o for o in defs["Enforce"]["oneOf"]}
+    parts = ["## Enforcement connectors\n"]
+    if options:
+        first = next(iter(options.values()))
+        parts += [
+            "`enforce:` of a `budget` rule names a connector (docs/ENFORCE.md); every connector "
+            "takes these keys besides its own:\n",
+            _table(first, [k for k in COMMON_ENFORCE_KEYS if k in first["properties"]]),
+        ]
+    for name, connector in plugins.enforcers.items():
+        option = options[name]
+        own = [key for key in option["properties"] if key not in COMMON_ENFORCE_KEYS]
+        parts += [f"### `enforce: {name}`\n", option["description"] + "\n"]
+        parts += [_table(option, own, noun="parameter")] if own else []
+        parts += [_example(connector)]
+    return parts
 
 
 def _own(key: str, node: Mapping[str, Any], common: Mapping[str, Any]) -> bool:

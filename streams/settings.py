@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     )
     slack_approvers: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="rule name → Slack user ids allowed to press Approve (JSON)",
+        description="rule name → Slack user ids allowed to press Approve and Lift (JSON)",
     )
 
     # Operational knobs (not in the contract's table, documented in README).

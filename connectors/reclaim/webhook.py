@@ -129,26 +129,33 @@ class WebhookReclaimer(ReclaimConnector):
             secret = secret_from_env(params.secret_env, self._environ)
         except NotReclaimable as exc:
             return Outcome("failed", exc.reason)
-        call = _Call(str(params.url), secret, plan.plan_id, body_of(plan))
+        return await self.post_signed(str(params.url), secret, plan.plan_id, body_of(plan),
+                                      timeout=params.timeout, retries=params.retries,
+                                      backoff=params.backoff)
+
+    async def post_signed(self, url: str, secret: str, key: str, body: bytes, *,
+                          timeout: float, retries: int, backoff: float) -> Outcome:
+        """POST ``body`` signed, with ``key`` as its idempotency key; 5xx and no answer are
+        retried with backoff. Budget enforcement's webhook sends its requests through this."""
+        call = _Call(url, secret, key, body)
         import aiohttp  # here, not at the top: every costline command loads the connectors
 
-        timeout = aiohttp.ClientTimeout(total=params.timeout)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            return await self._post_with_retries(session, call, params)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            return await self._post_with_retries(session, call, retries, backoff)
 
     async def _post_with_retries(self, session: aiohttp.ClientSession, call: _Call,
-                                 params: WebhookParams) -> Outcome:
-        delays = backoff_delays(params.retries, params.backoff)
+                                 retries: int, backoff: float) -> Outcome:
+        delays = backoff_delays(retries, backoff)
         problem = ""
-        for attempt in range(params.retries + 1):
+        for attempt in range(retries + 1):
             if attempt:
                 await self._sleep(delays[attempt - 1])
             try:
                 return await self._post(session, call, attempt + 1)
             except Retry as exc:
                 problem = str(exc)
-        return Outcome("failed", f"release API did not accept after {params.retries + 1} "
-                       f"tries: {problem}", {"attempts": params.retries + 1})
+        return Outcome("failed", f"release API did not accept after {retries + 1} "
+                       f"tries: {problem}", {"attempts": retries + 1})
 
     async def _post(self, session: aiohttp.ClientSession, call: _Call, attempt: int) -> Outcome:
         import aiohttp  # here, not at the top: every costline command loads the connectors

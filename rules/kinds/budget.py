@@ -7,10 +7,11 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from costline.rules.durations import Money, Period, TimeZoneName, period_bounds, rfc3339
+from costline.rules.enforce_params import LIMIT, Enforce
 from costline.rules.findings import (
     Finding,
     Forecast,
@@ -27,7 +28,7 @@ from costline.rules.state import Group, Measure, StateView, align_down, through
 FORECAST_WINDOW_S = 6 * 3600
 FORECAST_MIN_HISTORY_S = 3600
 FORECAST_LINE = "forecast"
-LIMIT_LINE = "limit"
+LIMIT_LINE = LIMIT
 
 Fraction = Annotated[
     Decimal,
@@ -57,7 +58,8 @@ class BudgetRule(Rule):
     line (``limit``); the alert reports the highest line reached, so 50% → 80% → 100% is one
     alert escalating, not three. With ``forecast`` the burn rate of the last six hours is
     projected to the period end, and the alert says when the budget line will be crossed
-    before it is.
+    before it is. With ``enforce`` the group's spend is stopped at a line, not only reported
+    (docs/ENFORCE.md).
 
     Spend is the net of the bill by default: credits, refunds and downward adjustments are
     taken off, as the invoice takes them off. ``basis: gross`` watches the spend before them,
@@ -78,6 +80,8 @@ class BudgetRule(Rule):
         forecast: true
         severity: warning
         notify: {slack: "#ml-budgets", route_by_tag: owner}
+        enforce: {connector: slurm, action: hold_pending, account_tag: team, grace: 15m}
+        mode: dry_run
     ```
     """
 
@@ -96,6 +100,9 @@ class BudgetRule(Rule):
     )
     forecast: bool = Field(
         False, description="also warn when the period-end projection crosses limit"
+    )
+    enforce: Enforce | None = Field(
+        None, description="stop the group's spend at a line through a connector, after a grace"
     )
 
     @field_validator("timezone", mode="before")
@@ -123,6 +130,18 @@ class BudgetRule(Rule):
     def measure(self) -> Measure:
         """The stored measure the budget watches: net spend is ``cost``."""
         return "gross" if self.basis == "gross" else "cost"
+
+    @model_validator(mode="after")
+    def _enforce_at_a_line(self) -> BudgetRule:
+        enforce = self.enforce
+        if enforce is None or isinstance(enforce.at, str):
+            if enforce is not None and enforce.at == FORECAST_LINE and not self.forecast:
+                raise PydanticCustomError("enforce", "enforce at: forecast needs forecast: true")
+            return self
+        if enforce.at not in self.warn_at:
+            raise PydanticCustomError(
+                "enforce", "enforce at: {at} is not one of warn_at", {"at": str(enforce.at)})
+        return self
 
     def budget_lines(self) -> tuple[Line, ...]:
         """Warning lines then the budget line, least serious first."""

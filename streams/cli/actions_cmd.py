@@ -1,4 +1,5 @@
-"""``costline actions`` and ``costline reclaim``: the reclamation audit log, pause and resume."""
+"""``costline actions`` and ``costline reclaim``: the audit log of reclamation and budget
+enforcement, and the reclamation's pause and resume."""
 
 from __future__ import annotations
 
@@ -94,11 +95,16 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(50, min=1, max=10_000, help="How many steps to show."),
         as_json: bool = typer.Option(False, "--json", help="Print the action records as JSON."),
     ) -> None:
-        """The latest reclamation steps (planned, warned, executed, skipped, failed)."""
+        """The latest steps of reclamation and budget enforcement (planned, warned,
+        executed, skipped, failed, lifted), newest first."""
+        from costline.connectors.enforce_ledger import redis_enforce_ledger
 
         async def latest(ledger: Any) -> list[dict[str, Any]]:
             found: list[dict[str, Any]] = await ledger.history(limit)
-            return found
+            enforce = redis_enforce_ledger(ledger.redis, ledger.namespace)
+            found += await enforce.history(limit)
+            found.sort(key=lambda record: str(record.get("at", "")), reverse=True)
+            return found[:limit]
 
         records = _with_ledger(ctx, latest)
         if as_json:

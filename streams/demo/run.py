@@ -25,6 +25,7 @@ from rich.console import Console
 from costline.connectors.kafka_security import PLAINTEXT
 from costline.rules.durations import rfc3339
 from costline.rules.prices import PriceBook, format_micro
+from costline.streams.demo import enforcement
 from costline.streams.demo.scenario import DEV_BOXES, Scenario, training_cluster
 from costline.streams.demo.summary import print_summary, reclamation, span_text
 from costline.streams.settings import Settings
@@ -56,7 +57,8 @@ class Demo:
 
     def run(self) -> dict[str, Any]:
         began = time.time()
-        with self._slurm_jobs() as jobs, self._services(bool(jobs)) as env, \
+        with self._slurm_jobs() as jobs, enforcement.team_jobs(self.say) as team, \
+                self._services(bool(jobs), bool(team)) as env, \
                 self._slack(env) as slack, self._worker(env) as worker:
             scenario = training_cluster(time.time(), days=self.days, slurm_jobs=jobs)
             self.say(f"[bold]The story[/]: {self.days} days of a training cluster, "
@@ -67,9 +69,14 @@ class Demo:
             self._wait_for_worker(env, worker)
             self._settle(env)
             releases = self._wait_for_releases(env)
+            held = enforcement.job_states(team)
+            lifted = enforcement.job_states(team) if team and not enforcement.lift(
+                env).startswith("not lifted") else []
             summary = self._summary(env, slack, scenario)
-            summary["reclamation"] = reclamation(releases, PriceBook.load(self.settings.prices),
+            reclaimed = [r for r in releases if "automation" not in r]
+            summary["reclamation"] = reclamation(reclaimed, PriceBook.load(self.settings.prices),
                                                  self.settings.timezone, live=bool(jobs))
+            summary["enforcement"] = enforcement.enforcement_text(releases, held, lifted)
         summary["seconds"] = round(time.time() - began, 1)
         if not self.quiet:
             self._print(summary)
@@ -97,7 +104,7 @@ class Demo:
             if jobs:
                 subprocess.run(["scancel", *jobs.values()], capture_output=True, timeout=30)
 
-    def _rules(self, live: bool) -> Path:
+    def _rules(self, live: bool, enforcing: bool = False) -> Path:
         """The shipped rules as the demo runs them (``compress``), written to its state folder;
         what was changed is said before the story is played."""
         from ruamel.yaml import YAML
@@ -111,7 +118,7 @@ class Demo:
         changes = []
         for source in rule_files([self.settings.rules]):
             document = yaml.load(source.read_text())
-            changes += compress(document.get("rules") or [], live)
+            changes += compress(document.get("rules") or [], live, enforcing)
             with (target / source.name).open("w") as out:
                 yaml.dump(document, out)
         if changes:
@@ -120,12 +127,12 @@ class Demo:
         return target
 
     @contextmanager
-    def _services(self, live: bool) -> Iterator[dict[str, str]]:
+    def _services(self, live: bool, enforcing: bool) -> Iterator[dict[str, str]]:
         env = dict(os.environ)
         env.update(COSTLINE_NAMESPACE=self.namespace, COSTLINE_WEB_PORT=str(_free_port()),
                    COSTLINE_PARTITIONS="4", COSTLINE_RULES_TICK_S="5",
                    COSTLINE_RECLAIM_TICK_S="2",
-                   COSTLINE_RULES=str(self._rules(live)),
+                   COSTLINE_RULES=str(self._rules(live, enforcing)),
                    COSTLINE_PRICES=str(self.settings.prices))
         if self.use_running:
             env.update(COSTLINE_KAFKA_BOOTSTRAP=self.settings.kafka_bootstrap,
@@ -299,7 +306,8 @@ class Demo:
                 consumer.close()
         for record in sorted(records.values(), key=lambda r: r["at"]):
             if record["step"] in ("executed", "skipped", "failed"):
-                self.say(f"  reclaim {record['resource_id']}: {record['step']} — "
+                what = record.get("automation") or "reclaim"
+                self.say(f"  {what} {record['resource_id']}: {record['step']} — "
                          f"{record['reason']}")
         return list(records.values())
 
@@ -340,12 +348,14 @@ class Demo:
         print_summary(Console(), summary, self.days)
 
 
-def compress(rules: list[Any], live: bool) -> list[str]:
+def compress(rules: list[Any], live: bool, enforcing: bool = False) -> list[str]:
     """Rewrite the shipped rules (YAML mappings, in place) for a demo that plays days in a
     minute, and say what changed:
 
     * idle reclamation waits a 30 s grace (live only when the boxes are real Slurm jobs, else
       a dry run with the dry_run connector, which names no job);
+    * budget enforcement waits a 10 s grace, live only when Slurm with accounting answers
+      (``enforcing``: costline.streams.demo.enforcement), else a dry run;
     * a rule's ``for`` — how long its condition must hold on the clock before the alert fires
       — is 0s, as the data played already holds it for longer (the log burst lasts 40 minutes,
       the checkpoints grow for hours). An idle rule's ``for`` is counted in its samples, not
@@ -361,6 +371,8 @@ def compress(rules: list[Any], live: bool) -> list[str]:
                 rule["mode"] = "live" if live else "dry_run"
                 if not live:
                     rule["reclaim"] = _dry_run_reclaim(rule["reclaim"])
+        elif rule.get("enforce"):
+            changes += enforcement.compress_enforcement(rule, enforcing)
         elif rule.get("for") not in (None, "0s"):
             changes.append(f"{name} for {rule['for']} → 0s")
             rule["for"] = "0s"

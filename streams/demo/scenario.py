@@ -68,6 +68,7 @@ def training_cluster(now: float, days: int = 10, seed: int = 42,
     _pretraining(scenario, rng)
     _posttraining(scenario, rng)
     _dev_boxes(scenario, rng, slurm_jobs or {})
+    _sweep(scenario)
     _logs(scenario, rng)
     _checkpoints(scenario, rng)
     _cloud_bill(scenario)
@@ -148,6 +149,23 @@ def _dev_boxes(s: Scenario, rng: random.Random, slurm_jobs: dict[str, str]) -> N
         s.usage.append(samples)  # one scrape of the box: a batch message
     s.story.append(f"dev boxes: three {GPUS_PER_BOX}-GPU A100 boxes idle for the last hour, "
                    "one busy")
+
+
+SWEEP_JOBS = 10
+SWEEP_GPU_HOURS = 64.0
+
+
+def _sweep(s: Scenario) -> None:
+    """Research's learning-rate sweep on the Slurm partition ``slurm-a``, today: ten jobs of
+    64 H100-hours, past the team's daily GPU budget line there (``slurm-daily-gpu``)."""
+    for i in range(SWEEP_JOBS):
+        tags = {"project": "sweep-lr", "team": "research", "cluster": "slurm-a",
+                "stage": "eval", "job": f"sweep-{i}"}
+        s.usage.append(_usage(f"sweep-{i}", _today(s.now, 40 * 60 - i * 60),
+                              f"slurm-a/node-{i:02d}", "gpu.h100", "gpu_hour",
+                              SWEEP_GPU_HOURS, tags))
+    s.story.append(f"research's learning-rate sweep today: {SWEEP_JOBS} Slurm jobs of "
+                   f"{SWEEP_GPU_HOURS:g} H100-hours, past its daily GPU budget line on slurm-a")
 
 
 def _logs(s: Scenario, rng: random.Random) -> None:

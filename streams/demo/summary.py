@@ -32,6 +32,8 @@ def print_summary(out: Console, summary: dict[str, Any], days: int) -> None:
     reclaim = summary.get("reclamation", {})
     if reclaim:
         out.print(reclamation_text(reclaim, currency, zone))
+    if summary.get("enforcement"):
+        out.print(summary["enforcement"])
     sent = summary["slack_messages"]
     out.print(f"Slack messages posted: {sent if sent is not None else 'see Slack'} · "
               f"done in {summary['seconds']} s · namespace {summary['namespace']}")

@@ -47,6 +47,8 @@ from costline.streams.topics import INPUTS
 from costline.streams.worker import api_pages, collector
 from costline.streams.worker.aggregation import Aggregation
 from costline.streams.worker.budget_gauges import BUDGET_SERIES, GAUGE_HELP, BudgetGauges
+from costline.streams.worker.enforce_alerts import enforcement_alert
+from costline.streams.worker.enforcer import EnforceActions, Enforcer, build_enforcer
 from costline.streams.worker.evaluation_process import ProcessRunner
 from costline.streams.worker.evaluator import Evaluator, RuleSource
 from costline.streams.worker.health import Health
@@ -310,7 +312,37 @@ class Wiring:
         self.every(self.settings.reclaim_tick_s, "reclaim", reclaimer.tick, on_leader=True)
         return reclaimer
 
-    def slack(self, evaluator: Evaluator, reclaimer: Reclaimer) -> None:
+    def enforcement(self, evaluator: Evaluator) -> Enforcer:
+        """Budget enforcement on the leader: each evaluation's findings, then a tick."""
+        send, alert = self.sender("actions"), self.sender("alerts")
+
+        async def publish(record: dict[str, Any]) -> None:
+            await send(str(record.get("action_id", "")).encode(),
+                       json.dumps(record, separators=(",", ":")).encode())
+            rule = evaluator.source.rules().get(str(record.get("rule")))
+            enforce = getattr(rule, "enforce", None)
+            approval = str(enforce.params.get("approval") or "auto") if enforce else "auto"
+            change = enforcement_alert(record, _notify_of(evaluator, record.get("rule")),
+                                       approval)
+            if change is not None:
+                await alert(change["alert_id"].encode(),
+                            json.dumps(change, separators=(",", ":")).encode())
+
+        enforcer = build_enforcer(self.settings, rules=evaluator.source.rules, sink=publish)
+        submitted: list[Any] = [None]
+
+        async def enforce() -> None:
+            evaluation = evaluator.last_evaluation
+            if evaluation is not None and evaluation is not submitted[0]:
+                submitted[0] = evaluation
+                await enforcer.submit(evaluation.findings, evaluation.at)
+            await enforcer.tick()
+
+        self.every(self.settings.reclaim_tick_s, "enforcement", enforce, on_leader=True)
+        return enforcer
+
+    def slack(self, evaluator: Evaluator, reclaimer: Reclaimer,
+              enforcer: Enforcer | None = None) -> None:
         notifier = build_notifier(self.settings, self.redis)
         metrics, health = self.metrics, self.health
 
@@ -321,7 +353,8 @@ class Wiring:
                                          health)
 
         buttons = build_actions_handler(self.settings, self.redis, evaluator.store, notifier,
-                                        reclaim=ReclaimActions(reclaimer))
+                                        reclaim=EnforceActions(enforcer, ReclaimActions(reclaimer))
+                                        if enforcer else ReclaimActions(reclaimer))
         if buttons is not None:
             handler = buttons
 
@@ -442,7 +475,7 @@ def build_app(settings: Settings, partitions: int | None = None
     aggregation = wiring.aggregation(partitions)
     evaluator = wiring.alerting(aggregation)
     reclaimer = wiring.reclamation(evaluator)
-    wiring.slack(evaluator, reclaimer)
+    wiring.slack(evaluator, reclaimer, wiring.enforcement(evaluator))
     wiring.api(evaluator)
     wiring.probes()
     wiring.pages()

@@ -103,6 +103,12 @@ class WorkerActions:
         result: str | None = await self.reclaim.approve(request)
         return result
 
+    async def lift(self, request: ActionRequest) -> str | None:
+        if self.reclaim is None:
+            raise RuntimeError("enforcement does not run in this worker")
+        result: str | None = await self.reclaim.lift(request)
+        return result
+
 
 def build_actions_handler(settings: Settings, redis: AsyncRedisClient, store: AlertStore,
                           notifier: SlackNotifier, reclaim: Any | None = None

@@ -8,6 +8,7 @@ service missing skips the test with the reason, or fails it when ``REQUIRE_SERVI
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -47,10 +48,11 @@ class SlurmCluster:
 
     submitted: list[str] = field(default_factory=list)
 
-    def submit(self, name: str, seconds: int = 600) -> str:
+    def submit(self, name: str, seconds: int = 600, *options: str) -> str:
+        """``options``: more of sbatch's, e.g. ``--account=...``, ``--begin=now+5``."""
         done = subprocess.run(
             ["sbatch", "--parsable", f"--job-name={name}", "--output=/dev/null",
-             "--chdir=/tmp", "--wrap", f"sleep {seconds}"],
+             "--chdir=/tmp", *options, "--wrap", f"sleep {seconds}"],
             capture_output=True, text=True, timeout=30, check=True)
         job_id = done.stdout.strip().split(";")[0]
         self.submitted.append(job_id)
@@ -58,6 +60,12 @@ class SlurmCluster:
 
     def state(self, job_id: str) -> str:
         return _squeue(job_id)
+
+    def reason(self, job_id: str) -> str:
+        """``PENDING AssocGrpCpuLimit``: the job's state and Slurm's reason for it."""
+        done = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%T %r"],
+                              capture_output=True, text=True, timeout=15, check=False)
+        return done.stdout.strip() or "gone"
 
     def wait_running(self, *job_ids: str, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -106,3 +114,46 @@ def reclaim_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     """``COSTLINE_REDIS_URL`` when set, else a private redis-server on a spare port."""
     with configured_or_private_redis(tmp_path_factory.mktemp("redis")) as url:
         yield url
+
+
+def accounting_enforced() -> bool:
+    done = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                          timeout=15, check=False)
+    return any(line.startswith("AccountingStorageEnforce") and "associations" in line
+               for line in done.stdout.splitlines())
+
+
+def sacctmgr(*args: str) -> str:
+    done = subprocess.run(["sacctmgr", "--immediate", "--noheader", "--parsable2", *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0 and "nothing" not in (done.stdout + done.stderr).lower():
+        raise AssertionError(f"sacctmgr {' '.join(args)}: {done.stderr or done.stdout}")
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting(slurm_up: None) -> None:
+    """Slurm with slurmdbd and ``AccountingStorageEnforce=associations,limits,qos``: what
+    ``.ci/slurm.sh`` starts; a cluster configured elsewhere without it is unavailable."""
+    if not accounting_enforced():
+        done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True,
+                              timeout=600, check=False)
+        if not accounting_enforced():
+            unavailable("Slurm accounting", "AccountingStorageEnforce lacks associations: "
+                        f"{(done.stdout + done.stderr)[-400:]}")
+
+
+@pytest.fixture
+def slurm_account(slurm_accounting: None, slurm: SlurmCluster) -> Iterator[str]:
+    """A fresh Slurm account with root's association in it; removed afterwards."""
+    account = "cl" + secrets.token_hex(4)
+    sacctmgr("add", "account", account, "description=costline test",
+             "organization=costline")
+    sacctmgr("add", "user", "root", f"account={account}")
+    yield account
+    slurm.cancel_all()
+    subprocess.run(["scancel", f"--account={account}"], capture_output=True, timeout=30,
+                   check=False)
+    time.sleep(0.5)
+    sacctmgr("delete", "user", "root", f"account={account}")
+    sacctmgr("delete", "account", account)

@@ -80,13 +80,14 @@ def test_the_story_plays_the_same_days_ending_now_whatever_the_day(now: float) -
 @pytest.mark.parametrize("now", ANY_DAY.values(), ids=ANY_DAY.keys())
 def test_every_advertised_alert_fires_whatever_the_day(engine: Engine, now: float) -> None:
     """The log explosion fires (not pending), the checkpoint growth raises an alert, the
-    day's fault waste and the three idle boxes too."""
+    day's fault waste, the three idle boxes, and research's sweep past its daily GPU line on
+    the Slurm partition (the team the demo holds) too."""
     book = engine.evaluate(played(now), now, AlertBook()).book
     states = sorted((alert.rule, alert.state) for alert in book.active()
                     if alert.rule != "team-monthly")  # a calendar month: see the next test
     assert states == [("checkpoint-growth", "firing"), ("fault-waste-share", "firing"),
                       ("gpu-idle", "firing"), ("gpu-idle", "firing"), ("gpu-idle", "firing"),
-                      ("log-explosion", "firing")]
+                      ("log-explosion", "firing"), ("slurm-daily-gpu", "firing")]
 
 
 def test_the_monthly_budget_sees_only_this_months_part_of_the_days_played(
