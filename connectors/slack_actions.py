@@ -30,13 +30,13 @@ from urllib.parse import parse_qs
 from aiohttp import web
 from slack_sdk.signature import Clock, SignatureVerifier
 
+from costline.connectors.alert_change import duration
 from costline.connectors.redis_client import FAILURES, AsyncRedisClient
 from costline.connectors.slack_render import (
     APPROVE_ACTION,
     DIGEST_MENU_ACTION,
     KEEP_ACTION,
     SNOOZE_ACTIONS,
-    duration,
 )
 
 log = logging.getLogger(__name__)

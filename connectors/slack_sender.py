@@ -47,12 +47,11 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
+from costline.connectors.alert_change import AlertChange, InvalidAlertRecord
 from costline.connectors.redis_client import FAILURES
 from costline.connectors.slack_ledger import Member, SlackLedger, StepState, ThreadRef
 from costline.connectors.slack_render import (
-    AlertChange,
     Block,
-    InvalidAlertRecord,
     fallback_text,
     message_for,
     render_change_reply,
