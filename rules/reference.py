@@ -1,4 +1,5 @@
-"""The rule reference (docs/RULES.md): every kind and connector, read from the registries.
+"""The rule reference (docs/RULES.md): every kind, connector and notifier, read from the
+registries.
 
 The tables are made from the same JSON Schema editors get (``rules_json_schema``), so a key,
 its default and its description are written once, on the model, and the docs cannot drift
@@ -19,6 +20,7 @@ from costline.rules.reclaim_params import ReclaimParams
 from costline.rules.registry import example_of, summary_of
 
 COMMON_RECLAIM_KEYS = ("connector", "grace", *ReclaimParams.model_fields)
+COMMON_NOTIFY_KEYS = ("route_by_tag", "channels")
 
 
 def reference_markdown(plugins: Plugins) -> str:
@@ -27,7 +29,7 @@ def reference_markdown(plugins: Plugins) -> str:
     common = Rule.model_json_schema(by_alias=True)
     parts = [
         "# Rule reference\n",
-        "Every rule kind and reclaim connector, generated from their registries by "
+        "Every rule kind, reclaim connector and notifier, generated from their registries by "
         "`costline rules reference`; a test keeps this file equal to its output. Editors "
         "get the same keys as a JSON Schema from `costline rules schema`.\n",
         "## Keys every rule has\n",
@@ -57,7 +59,26 @@ def reference_markdown(plugins: Plugins) -> str:
         parts += [f"### `{name}`\n", option["description"] + "\n"]
         parts += [_table(option, own, noun="parameter")] if own else []
         parts += [_example(connector)]
-    return "\n".join(parts)
+    return "\n".join(parts + _notifiers(defs["Notify"], plugins))
+
+
+def _notifiers(notify: Mapping[str, Any], plugins: Plugins) -> list[str]:
+    """``notify:``: the keys every notifier shares, then each notifier's own."""
+    parts = [
+        "## Notifiers\n",
+        "`notify:` names one or more notifiers, each under its own key (docs/NOTIFY.md). "
+        "Beside them:\n",
+        _table(notify, [key for key in COMMON_NOTIFY_KEYS if key in notify["properties"]]),
+    ]
+    for name, notifier in plugins.notifiers.items():
+        option = notify["properties"][name]
+        [keys] = [o for o in option.get("anyOf", [option]) if o.get("type") == "object"]
+        shorthand = notifier.params_model.shorthand
+        parts += [f"### `{name}`\n", summary_of(notifier) + "\n"]
+        if shorthand is not None:
+            parts += [f"`{name}: VALUE` is short for `{name}: {{{shorthand}: VALUE}}`.\n"]
+        parts += [_table(keys, list(keys["properties"]), noun="parameter"), _example(notifier)]
+    return parts
 
 
 def _own(key: str, node: Mapping[str, Any], common: Mapping[str, Any]) -> bool:

@@ -78,6 +78,12 @@ class Settings(BaseSettings):
         description="rule name → Slack user ids allowed to press Approve (JSON)",
     )
 
+    # Notifiers beyond Slack (docs/NOTIFY.md); where each alert goes is in the rule files.
+    external_url: str | None = Field(
+        None, description="where people reach this costline (links in alerts); default "
+        "http://HOSTNAME:COSTLINE_WEB_PORT"
+    )
+
     # Operational knobs (not in the contract's table, documented in README).
     partitions: int = Field(6, ge=1, le=1024, description="partitions of the input topics")
     dedup_horizon_s: int = Field(

@@ -33,6 +33,8 @@ from redis.exceptions import ReadOnlyError
 from costline.connectors import bucket_zone
 from costline.connectors.alert_store import AlertStore
 from costline.connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions
+from costline.connectors.notify import Notifier
+from costline.connectors.notify.slack import SlackNotifier
 from costline.connectors.redis_apply import BatchWriter
 from costline.connectors.redis_client import connect, connect_async
 from costline.connectors.redis_keys import Calendar
@@ -50,7 +52,7 @@ from costline.streams.worker.intake import Intake
 from costline.streams.worker.metrics import Metrics
 from costline.streams.worker.notifier import (
     build_actions_handler,
-    build_notifier,
+    build_notifiers,
     deliver_until_done,
 )
 from costline.streams.worker.pricing import InlinePricing, PoolPricing, Pricing
@@ -66,6 +68,8 @@ WATERMARK_CHECK_S = 10.0
 # aggregation counts as behind, and rule evaluations rest longer
 # (costline.streams.worker.evaluator).
 BEHIND_LEDGER_RECORDS = 100
+# How often the leader looks for reminders a notifier owes its channel.
+REMIND_S = 5.0
 Send = Callable[[bytes, bytes], Awaitable[None]]
 
 
@@ -306,17 +310,30 @@ class Wiring:
         self.every(self.settings.reclaim_tick_s, "reclaim", reclaimer.tick, on_leader=True)
         return reclaimer
 
-    def slack(self, evaluator: Evaluator, reclaimer: Reclaimer) -> None:
-        notifier = build_notifier(self.settings, self.redis)
-        metrics, health = self.metrics, self.health
+    def notifiers(self, evaluator: Evaluator, reclaimer: Reclaimer) -> None:
+        """One agent per notifier on the alerts topic, so a channel that is down holds back
+        only its own alerts; the reminders time makes due (Alertmanager forgets an alert it
+        is not told of again) on the leader; and the Slack buttons."""
+        notifiers = build_notifiers(self.settings, self.redis)
+        for notifier in notifiers.values():
+            self._notify_agent(notifier)
 
-        @self.app.agent(self.topic("alerts"), concurrency=1)
-        async def notify(stream: Any) -> None:
-            async for events in stream.take_events(200, within=2.0):
-                await deliver_until_done(notifier, [e.message.value for e in events], metrics,
-                                         health)
+        async def remind() -> None:
+            for notifier in notifiers.values():
+                await notifier.remind()
+        self.every(REMIND_S, "notifier_reminders", remind, on_leader=True)
 
-        buttons = build_actions_handler(self.settings, self.redis, evaluator.store, notifier,
+        @self.app.service
+        class Notifiers(faust.Service):
+            """Closes the notifiers' connections with the worker."""
+
+            async def on_stop(self) -> None:
+                for notifier in notifiers.values():
+                    await notifier.close()
+
+        slack = notifiers["slack"]
+        assert isinstance(slack, SlackNotifier)
+        buttons = build_actions_handler(self.settings, self.redis, evaluator.store, slack,
                                         reclaim=ReclaimActions(reclaimer))
         if buttons is not None:
             handler = buttons
@@ -327,6 +344,16 @@ class Wiring:
 
                 async def post(self, request: Any) -> Any:
                     return await handler(request)
+
+    def _notify_agent(self, notifier: Notifier) -> None:
+        metrics, health = self.metrics, self.health
+
+        async def notify(stream: Any) -> None:
+            async for events in stream.take_events(200, within=2.0):
+                await deliver_until_done(notifier, [e.message.value for e in events], metrics,
+                                         health)
+        self.app.agent(self.topic("alerts"), name=f"notify-{notifier.name}",
+                       concurrency=1)(notify)
 
     def probes(self) -> None:
         """An idle worker makes no Redis or Kafka calls of its own: these make an outage
@@ -384,12 +411,13 @@ def _notify_of(evaluator: Evaluator, rule_name: Any) -> dict[str, Any]:
     """Where a rule's alerts go (its ``notify`` block), for alerts made outside the engine."""
     rule = evaluator.source.rules().get(str(rule_name))
     notify = getattr(rule, "notify", None)
-    return notify.model_dump(exclude_none=True) if notify is not None else {}
+    return notify.published({}) if notify is not None else {}
 
 
 def build_app(settings: Settings, partitions: int | None = None
               ) -> tuple[faust.App, Aggregation]:
-    """The whole worker: intake, aggregation, alerting, reclamation, Slack, probes and pages.
+    """The whole worker: intake, aggregation, alerting, reclamation, notifiers, probes and
+    pages.
     ``partitions``: the ledger topic's (the settings' when not given)."""
     wiring = Wiring(settings)
     partitions = partitions or settings.partitions
@@ -397,7 +425,7 @@ def build_app(settings: Settings, partitions: int | None = None
     aggregation = wiring.aggregation(partitions)
     evaluator = wiring.alerting(aggregation)
     reclaimer = wiring.reclamation(evaluator)
-    wiring.slack(evaluator, reclaimer)
+    wiring.notifiers(evaluator, reclaimer)
     wiring.probes()
     wiring.pages()
     wiring.garbage_collection()
@@ -418,6 +446,8 @@ def _describe(metrics: Metrics) -> None:
         "redis_apply_seconds": "latency of one batch write to Redis",
         "evaluations_total": "rule evaluations run",
         "alert_changes_total": "alert state changes published",
+        "notifier_deliveries_total": "alert changes handled by each notifier, by outcome "
+                                     "(docs/NOTIFY.md)",
         "evaluation_seconds": "latency of one evaluation (every rule on the tick; between "
                               "ticks, the rules new data can change)",
         "input_lag": "input messages not yet priced into the ledger",

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import redis
 
+from costline.connectors.delivery_ledger import DeliveryLedger
+from costline.connectors.notify.slack import AMBIGUOUS_MARK, SlackNotifier
 from costline.connectors.redis_client import connect_async
-from costline.connectors.slack_ledger import SlackLedger
 from costline.connectors.slack_render import AlertChange
-from costline.connectors.slack_sender import AMBIGUOUS_MARK, SlackNotifier
 from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlack, LocalSlackThread
 from costline.rules.engine import alert_id
 from costline.streams.settings import Settings
@@ -180,14 +180,14 @@ async def local_slack() -> AsyncIterator[LocalSlack]:
 
 
 @pytest.fixture
-async def slack_ledger(redis_url: str, namespace: str) -> AsyncIterator[SlackLedger]:
+async def slack_ledger(redis_url: str, namespace: str) -> AsyncIterator[DeliveryLedger]:
     client = connect_async(redis_url)
-    yield SlackLedger(client, namespace)
+    yield DeliveryLedger(client, namespace)
     await client.aclose()
 
 
 async def test_a_notifier_stopped_while_pacing_leaves_nothing_in_doubt(
-        local_slack: LocalSlack, slack_ledger: SlackLedger) -> None:
+        local_slack: LocalSlack, slack_ledger: DeliveryLedger) -> None:
     def notifier() -> SlackNotifier:
         return SlackNotifier(token=DEFAULT_TOKEN, ledger=slack_ledger,
                              fallback_channel="#costline-alerts", base_url=local_slack.url,

@@ -1,22 +1,24 @@
-"""What the notifier has told Slack, kept in Redis so a restart neither re-posts nor forgets.
+"""What a notifier has told its channel, kept in Redis so a restart neither re-sends nor forgets.
 
-Per alert (and period) the ledger keeps the thread: the channel and ``ts`` of the message that
-every later change of the alert updates and replies under. Per thread root it keeps the latest
-record of each alert the message shows (one, or several for a digest) and the notes people
-added with buttons, so the root can be re-rendered from scratch.
+One ledger per channel (Slack, email, PagerDuty, ...). Per alert (and period) it keeps the
+thread: where the alert's first message went and the reference every later change of the alert
+follows up on (a Slack channel and message ``ts``, an email's ``Message-ID``). Per thread root
+it keeps the latest record of each alert the root shows (one, or several for a digest) and the
+notes people added, so the root can be re-rendered from scratch.
 
 Per change it keeps one marker per step (``root``, ``update``, ``reply``). A step is written
-``pending`` just before Slack is called and ``done`` only after Slack said ok. Finding a step
-still ``pending`` means an earlier process died, or lost its connection, between the call and
-its answer: Slack may or may not have the message. That step is *ambiguous*. The notifier sends
-it again and counts it — a possible duplicate in a thread is the price of never losing an alert.
-An answer from Slack that says "not posted" (``ok: false``, 5xx, 429) clears the marker, so its
+``pending`` just before the channel is called and ``done`` only after it accepted. Finding a
+step still ``pending`` means an earlier process died, or lost its connection, between the call
+and its answer: the channel may or may not have the message. That step is *ambiguous*. The
+notifier sends it again and counts it — a possible duplicate is the price of never losing an
+alert. An answer that says "not taken" (a refusal, a 5xx, a 429) clears the marker, so its
 retry is not counted as ambiguous.
 
-Every key shares the hash tag ``{NS:slack}``, so on a Redis Cluster the ledger lives in one
-slot and a root is written with its alerts' threads in one atomic script. Keys an earlier
-version wrote without the tag (``NS:slack:...``, only ever on a single Redis) are renamed to
-their tagged names when first used, so an upgrade neither re-posts nor forgets a thread.
+Every key of a channel shares the hash tag ``{NS:CHANNEL}``, so on a Redis Cluster a ledger
+lives in one slot and a root is written with its alerts' threads in one atomic script. Slack
+keys an earlier version wrote without the tag (``NS:slack:...``, only ever on a single Redis)
+are renamed to their tagged names when first used, so an upgrade neither re-posts nor forgets
+a thread.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ DEFAULT_TTL_S = 45 * 86400
 """Longest calendar period (a month) plus margin: a thread outlives its alert's period."""
 
 # KEYS: the root, then the thread of each alert it shows
-# ARGV: ttl, "<channel> <ts>", then per thread its member field and entry
+# ARGV: ttl, "<destination> <ref>", then per thread its member field and entry
 _SAVE_ROOT = """
 local ttl = tonumber(ARGV[1])
 for i = 2, #KEYS do
@@ -54,7 +56,6 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 """
 
-
 class StepState(Enum):
     FRESH = "fresh"
     DONE = "done"
@@ -63,10 +64,11 @@ class StepState(Enum):
 
 @dataclass(frozen=True)
 class ThreadRef:
-    """Where an alert's messages live: the root message's channel id and ``ts``."""
+    """Where an alert's messages live: the root's destination (a Slack channel id, the email
+    recipients, a URL) and its reference there (a message ``ts``, a ``Message-ID``)."""
 
-    channel: str
-    ts: str
+    destination: str
+    ref: str
 
 
 @dataclass(frozen=True)
@@ -79,18 +81,23 @@ class Member:
     order: int
 
 
-class SlackLedger:
-    """Redis-backed; every key starts with ``{namespace:slack}:``."""
+class DeliveryLedger:
+    """Redis-backed; every key starts with ``{namespace:channel}:``."""
 
     def __init__(self, redis: AsyncRedisClient, namespace: str = "costline",
-                 ttl_s: int = DEFAULT_TTL_S) -> None:
+                 channel: str = "slack", ttl_s: int = DEFAULT_TTL_S) -> None:
         self._redis = redis
-        self._prefix = f"{{{namespace}:slack}}"
-        self._legacy_prefix = None if isinstance(redis, AsyncRedisCluster) else f"{namespace}:slack"
+        self.channel = channel
+        self._prefix = f"{{{namespace}:{channel}}}"
+        self._legacy_prefix = (f"{namespace}:slack" if channel == "slack"
+                               and not isinstance(redis, AsyncRedisCluster) else None)
         self._ttl_s = ttl_s
         self._counts_adopted = False
         self._save_root = redis.register_script(_SAVE_ROOT)
         self._set_member = redis.register_script(_SET_MEMBER)
+
+    def __repr__(self) -> str:
+        return f"DeliveryLedger({self._prefix})"
 
     # ── keys ──────────────────────────────────────────────────────────────────────────────
 
@@ -98,7 +105,7 @@ class SlackLedger:
         return f"{self._prefix}:thread:{thread_key}"
 
     def _root_key(self, ref: ThreadRef) -> str:
-        return f"{self._prefix}:root:{ref.channel}:{ref.ts}"
+        return f"{self._prefix}:root:{ref.destination}:{ref.ref}"
 
     def _change_key(self, thread_key: str, change_key: str) -> str:
         return f"{self._prefix}:change:{thread_key}:{change_key}"
@@ -131,7 +138,7 @@ class SlackLedger:
     async def save_root(self, ref: ThreadRef, records: Mapping[str, Mapping[str, Any]]) -> None:
         """A new root message and the alerts it shows, written in one atomic script."""
         keys = [self._root_key(ref)]
-        args: list[str | int] = [self._ttl_s, f"{ref.channel} {ref.ts}"]
+        args: list[str | int] = [self._ttl_s, f"{ref.destination} {ref.ref}"]
         for order, (thread_key, record) in enumerate(records.items()):
             keys.append(self._thread_key(thread_key))
             entry = {"order": order, "record": record, "previous": None}
@@ -168,7 +175,8 @@ class SlackLedger:
     # ── per-change step markers ───────────────────────────────────────────────────────────
 
     async def begin(self, thread_key: str, change_key: str, step: str) -> StepState:
-        """Claim a step before calling Slack; tells whether it was done or left in doubt."""
+        """Claim a step before calling the channel; tells whether it was done or left in
+        doubt."""
         key = self._change_key(thread_key, change_key)
         await self._adopt(key)
         claimed = await self._redis.hsetnx(key, step, f"pending {time.time():.3f}")
@@ -188,12 +196,12 @@ class SlackLedger:
         raw = await self._redis.hgetall(key)
         return {_text(k): _text(v) for k, v in raw.items()}
 
-    async def finish(self, thread_key: str, change_key: str, step: str, ts: str) -> None:
-        """Slack said ok: the step will not be repeated."""
-        await self._redis.hset(self._change_key(thread_key, change_key), step, f"done {ts}")
+    async def finish(self, thread_key: str, change_key: str, step: str, ref: str) -> None:
+        """The channel accepted: the step will not be repeated."""
+        await self._redis.hset(self._change_key(thread_key, change_key), step, f"done {ref}")
 
     async def abandon(self, thread_key: str, change_key: str, step: str) -> None:
-        """Slack said no: the step is not in doubt, its retry starts clean."""
+        """The channel said no: the step is not in doubt, its retry starts clean."""
         await self._redis.hdel(self._change_key(thread_key, change_key), step)
 
     # ── counters ──────────────────────────────────────────────────────────────────────────
@@ -214,8 +222,8 @@ class SlackLedger:
 
 
 def _ref(raw: Any) -> ThreadRef:
-    channel, ts = _text(raw).split(" ", 1)
-    return ThreadRef(channel, ts)
+    destination, ref = _text(raw).split(" ", 1)
+    return ThreadRef(destination, ref)
 
 
 def _text(value: Any) -> str:
