@@ -14,6 +14,10 @@ notifier sends it again and counts it — a possible duplicate is the price of n
 alert. An answer that says "not taken" (a refusal, a 5xx, a 429) clears the marker, so its
 retry is not counted as ambiguous.
 
+Per alert it also keeps, for channels that must be told again and again that an alert still
+fires (Alertmanager forgets an alert it has not heard of for a while), the alerts now open
+and when each was last sent.
+
 Every key of a channel shares the hash tag ``{NS:CHANNEL}``, so on a Redis Cluster a ledger
 lives in one slot and a root is written with its alerts' threads in one atomic script. Slack
 keys an earlier version wrote without the tag (``NS:slack:...``, only ever on a single Redis)
@@ -56,6 +60,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 """
 
+# KEYS: open alerts, their send times  ARGV: thread key, time
+# Only an alert still open is stamped: one closed meanwhile stays closed.
+_STAMP = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 class StepState(Enum):
     FRESH = "fresh"
     DONE = "done"
@@ -81,6 +96,16 @@ class Member:
     order: int
 
 
+@dataclass(frozen=True)
+class OpenAlert:
+    """An alert a channel must be reminded of while it fires: its latest record and when it
+    was last sent (Unix seconds)."""
+
+    thread_key: str
+    record: Mapping[str, Any]
+    sent_at: float
+
+
 class DeliveryLedger:
     """Redis-backed; every key starts with ``{namespace:channel}:``."""
 
@@ -95,6 +120,7 @@ class DeliveryLedger:
         self._counts_adopted = False
         self._save_root = redis.register_script(_SAVE_ROOT)
         self._set_member = redis.register_script(_SET_MEMBER)
+        self._stamp = redis.register_script(_STAMP)
 
     def __repr__(self) -> str:
         return f"DeliveryLedger({self._prefix})"
@@ -112,6 +138,12 @@ class DeliveryLedger:
 
     def _counts_key(self) -> str:
         return f"{self._prefix}:counts"
+
+    def _open_key(self) -> str:
+        return f"{self._prefix}:open"
+
+    def _sent_key(self) -> str:
+        return f"{self._prefix}:sent"
 
     async def _adopt(self, key: str) -> bool:
         """Rename the untagged key an earlier version wrote for ``key``, if there is one and
@@ -203,6 +235,36 @@ class DeliveryLedger:
     async def abandon(self, thread_key: str, change_key: str, step: str) -> None:
         """The channel said no: the step is not in doubt, its retry starts clean."""
         await self._redis.hdel(self._change_key(thread_key, change_key), step)
+
+    # ── alerts to remind the channel of ───────────────────────────────────────────────────
+
+    async def keep_open(self, thread_key: str, record: Mapping[str, Any],
+                        sent_at: float) -> None:
+        """The alert fires, and its latest record was sent at ``sent_at``."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self._open_key(), thread_key, json.dumps(record))
+            pipe.hset(self._sent_key(), thread_key, f"{sent_at:.3f}")
+            await pipe.execute()
+
+    async def stamp(self, thread_key: str, sent_at: float) -> bool:
+        """A reminder was sent at ``sent_at``; False when the alert was closed meanwhile."""
+        return bool(await self._stamp(keys=[self._open_key(), self._sent_key()],
+                                      args=[thread_key, f"{sent_at:.3f}"]))
+
+    async def close(self, thread_key: str) -> None:
+        """The alert no longer fires (resolved, or muted): no more reminders."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hdel(self._open_key(), thread_key)
+            pipe.hdel(self._sent_key(), thread_key)
+            await pipe.execute()
+
+    async def open_alerts(self) -> list[OpenAlert]:
+        records = await self._redis.hgetall(self._open_key())
+        sent = {_text(k): float(v) for k, v in (await self._redis.hgetall(self._sent_key())
+                                                ).items()}
+        found = [OpenAlert(_text(k), json.loads(_text(v)), sent.get(_text(k), 0.0))
+                 for k, v in records.items()]
+        return sorted(found, key=lambda alert: alert.thread_key)
 
     # ── counters ──────────────────────────────────────────────────────────────────────────
 

@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import AnyHttpUrl, Field
 
+from costline.connectors.params import EnvName, Seconds
 from costline.connectors.reclaim import (
-    EnvName,
     NotReclaimable,
     ReclaimConnector,
-    Seconds,
     Sleep,
     backoff_delays,
     real_sleep,
