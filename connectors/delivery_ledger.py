@@ -195,6 +195,14 @@ class DeliveryLedger:
         await self._set_member(keys=[self._root_key(ref), self._thread_key(thread_key)],
                                args=[self._ttl_s, f"m:{thread_key}", json.dumps(entry)])
 
+    async def field(self, ref: ThreadRef, name: str) -> str | None:
+        """A fact a channel keeps about a root (an email's subject)."""
+        raw = await self._redis.hget(self._root_key(ref), f"f:{name}")
+        return None if raw is None else _text(raw)
+
+    async def set_field(self, ref: ThreadRef, name: str, value: str) -> None:
+        await self._redis.hset(self._root_key(ref), f"f:{name}", value)
+
     async def notes(self, ref: ThreadRef) -> list[str]:
         raw = await self._redis.hget(self._root_key(ref), "notes")
         return list(json.loads(_text(raw))) if raw else []
