@@ -100,6 +100,10 @@ class Settings(BaseSettings):
         None, description="PEM CA bundle the mail server's certificate chains to (default: "
         "the system's)"
     )
+    pagerduty_url: str = Field(
+        "https://events.pagerduty.com", description="PagerDuty Events API base URL "
+        "(https://events.eu.pagerduty.com for the EU service region)"
+    )
 
     # Operational knobs (not in the contract's table, documented in README).
     partitions: int = Field(6, ge=1, le=1024, description="partitions of the input topics")
