@@ -132,11 +132,14 @@ class LocalSlack:
 
     def __init__(self, *, tokens: Iterable[str] = (DEFAULT_TOKEN,),
                  channels: Iterable[str] = DEFAULT_CHANNELS, host: str = "127.0.0.1",
-                 port: int = 0, on_message: MessageListener | None = None) -> None:
+                 port: int = 0, on_message: MessageListener | None = None,
+                 delay_s: float = 0.0) -> None:
         self._tokens = frozenset(tokens)
         self.host = host
         self.port = port
         self.on_message = on_message
+        self.delay_s = delay_s
+        """How long every answer takes, as over a real network."""
         self.calls: list[RecordedCall] = []
         self.channels: dict[str, Channel] = {}
         self._injections: list[Injection] = []
@@ -215,6 +218,8 @@ class LocalSlack:
     # ── request handling ──────────────────────────────────────────────────────────────────
 
     async def _handle(self, request: web.Request) -> web.Response:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         method = request.match_info["method"]
         call = RecordedCall(method, {}, time.time())
         self.calls.append(call)
@@ -540,9 +545,11 @@ class LocalSlackThread:
     """The server on an event loop of its own thread: for the demo and for tests that run
     the worker as a separate process. ``echo`` prints every message as it arrives."""
 
-    def __init__(self, channels: Iterable[str] = DEFAULT_CHANNELS, echo: bool = False) -> None:
+    def __init__(self, channels: Iterable[str] = DEFAULT_CHANNELS, echo: bool = False,
+                 delay_s: float = 0.0) -> None:
         self.channels = list(channels)
         self.echo = echo
+        self.delay_s = delay_s
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.server: LocalSlack | None = None
@@ -551,7 +558,8 @@ class LocalSlackThread:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.server = LocalSlack(channels=self.channels,
-                                 on_message=print_messages if self.echo else None)
+                                 on_message=print_messages if self.echo else None,
+                                 delay_s=self.delay_s)
         self.loop.run_until_complete(self.server.start())
         self.ready.set()
         self.loop.run_forever()

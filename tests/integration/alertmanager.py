@@ -6,15 +6,20 @@ unavailable (skipped, or failed under ``REQUIRE_SERVICES=1``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+from aiohttp import web
 
 from tests.conftest import unavailable
 from tests.integration.streamkit import free_port
@@ -104,3 +109,56 @@ def amtool(url: str, *args: str) -> Any:
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
+
+class SlowFront:
+    """A proxy before an Alertmanager that answers each ``POST /api/v2/alerts`` only after
+    ``delay_s`` (as a distant Alertmanager would) and keeps every body it forwarded, on an
+    event loop of its own thread."""
+
+    def __init__(self, target: str, delay_s: float) -> None:
+        self.target = target
+        self.delay_s = delay_s
+        self.posted: list[tuple[int, list[dict[str, Any]]]] = []
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.port = free_port()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/api/v2/alerts", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.delay_s)
+        body = await request.read()
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{self.target}/api/v2/alerts", data=body,
+                headers={"Content-Type": "application/json"}) as answer:
+            text = await answer.text()
+            self.posted.append((answer.status, json.loads(body)))
+            return web.Response(status=answer.status, text=text)
+
+    def start(self) -> str:
+        self.thread.start()
+        if not self.ready.wait(10):
+            raise RuntimeError("the proxy did not start")
+        return self.url
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
