@@ -149,9 +149,14 @@ class AlertmanagerNotifier(Threaded):
 
     async def _push(self, url: str, changes: Sequence[AlertChange], *,
                     remember: bool = True) -> None:
+        """POST the alerts; a delivery (not a reminder) names its first change in
+        ``Idempotency-Key``, for proxies and logs in between."""
         now = self._clock()
         body = json.dumps([self.alert(change, now) for change in changes]).encode()
-        await self._http.post("POST /api/v2/alerts", f"{url}/api/v2/alerts", body)
+        first = changes[0]
+        headers = {"Idempotency-Key": f"{first.thread_key}|{first.change_key}"} if remember \
+            else None
+        await self._http.post("POST /api/v2/alerts", f"{url}/api/v2/alerts", body, headers)
         if not remember:
             return
         for change in changes:

@@ -112,13 +112,14 @@ def amtool(url: str, *args: str) -> Any:
 
 class SlowFront:
     """A proxy before an Alertmanager that answers each ``POST /api/v2/alerts`` only after
-    ``delay_s`` (as a distant Alertmanager would) and keeps every body it forwarded, on an
-    event loop of its own thread."""
+    ``delay_s`` (as a distant Alertmanager would) and keeps every body it forwarded with its
+    ``Idempotency-Key``, on an event loop of its own thread."""
 
     def __init__(self, target: str, delay_s: float) -> None:
         self.target = target
         self.delay_s = delay_s
         self.posted: list[tuple[int, list[dict[str, Any]]]] = []
+        self.keys: list[str | None] = []
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.port = free_port()
@@ -150,6 +151,8 @@ class SlowFront:
                 headers={"Content-Type": "application/json"}) as answer:
             text = await answer.text()
             self.posted.append((answer.status, json.loads(body)))
+            self.keys.append(request.headers.get("Idempotency-Key")
+                             if answer.status == 200 else None)
             return web.Response(status=answer.status, text=text)
 
     def start(self) -> str:

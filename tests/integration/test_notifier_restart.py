@@ -124,6 +124,18 @@ class Ledgers:
                 missing.append(f"{change.alert_id} {change.change_key}")
         return missing
 
+    def sent(self, channel: str, published: list[AlertChange]) -> int:
+        """Messages the ledger recorded as taken: each root once, each reply."""
+        roots: set[str] = set()
+        replies = 0
+        for change in published:
+            for step, marker in self.steps(channel, change).items():
+                if marker.startswith("done ") and step == "root":
+                    roots.add(marker)
+                elif marker.startswith("done ") and step == "reply":
+                    replies += 1
+        return len(roots) + replies
+
     def sent_slack_ts(self, published: list[AlertChange]) -> set[str]:
         return {marker.split(" ", 1)[1] for change in published
                 for step, marker in self.steps("slack", change).items()
@@ -221,7 +233,9 @@ def test_a_worker_killed_mid_burst_loses_nothing_on_any_channel(
         worker.stop()
 
     published = ledgers.published()
-    assert len(published) == 2 * len(OWNERS)
+    # A leader killed between publishing changes and saving its alert book publishes some
+    # again, later: changes of their own, which every channel must have too.
+    assert len(published) >= 2 * len(OWNERS)
     assert {c.group["owner"] for c in published if c.line == "limit"} == {
         f"#{o}" for o in OWNERS}
     figures = _figures(receivers, ledgers, published, am_url)
@@ -247,9 +261,12 @@ def _figures(receivers: Channels, ledgers: Ledgers, published: list[AlertChange]
     found: dict[str, dict[str, int]] = {}
     firsts = receivers.firsts()
 
-    def row(channel: str, sent: int, identities: list[Any], lost: int) -> None:
+    def row(channel: str, identities: list[Any], lost: int) -> None:
+        """``identities``: what names each received message's change (the same for a
+        message received twice)."""
         counts = Counter(identities)
-        found[channel] = {"sent": sent, "received": len(identities),
+        found[channel] = {"sent": ledgers.sent(channel, published),
+                          "received": len(identities),
                           "duplicates": sum(n - 1 for n in counts.values()),
                           "ambiguous": ledgers.ambiguous(channel), "lost": lost}
 
@@ -259,25 +276,26 @@ def _figures(receivers: Channels, ledgers: Ledgers, published: list[AlertChange]
         return (len(OWNERS) - firsts[channel]) + (len(OWNERS) - len(escalated))
 
     roots = receivers.slack
-    shown = [m.ts for o in OWNERS for m in roots.messages(o)] + [
-        r.ts for o in OWNERS for m in roots.messages(o) for r in m.replies]
+    shown = {m.ts for o in OWNERS for m in roots.messages(o)} | {
+        r.ts for o in OWNERS for m in roots.messages(o) for r in m.replies}
     accepted = ledgers.sent_slack_ts(published)
-    row("slack", len(accepted), shown, missing("slack") + len(accepted - set(shown)))
+    # Slack gives every message a ts of its own: one the ledger never recorded is a copy.
+    found["slack"] = {"sent": len(accepted), "received": len(shown),
+                      "duplicates": len(shown - accepted), "ambiguous": ledgers.ambiguous("slack"),
+                      "lost": missing("slack") + len(accepted - shown)}
     ids = [str(r.message["Message-ID"]) for r in receivers.mailbox.received]
-    row("email", len(set(ids)), ids, missing("email"))
-    pages = [(e.dedup_key, e.action, e.body.get("payload", {}).get("class"))
+    row("email", ids, missing("email"))
+    pages = [(e.dedup_key, e.action, e.body.get("payload", {}).get("timestamp"))
              for e in receivers.pagerduty.accepted()]
-    row("pagerduty", len(set(pages)), pages, missing("pagerduty"))
-    pushed = [tuple(sorted((a["annotations"]["alert_id"], a["annotations"]["line"])
-                           for a in body))
-              for status, body in receivers.front.posted if status == 200]
+    row("pagerduty", pages, missing("pagerduty"))
+    pushed = [key for key in receivers.front.keys if key is not None]
     held = {a["annotations"]["alert_id"]: a["annotations"]["line"] for a in alerts(am_url)
             if a["labels"].get("alertname") == "owner-daily"}
     gone = sum(1 for o in OWNERS if held.get(alert_id("owner-daily", {"owner": f"#{o}"}))
                != "limit")
-    row("alertmanager", len(set(pushed)), pushed, missing("alertmanager") + gone)
+    row("alertmanager", pushed, missing("alertmanager") + gone)
     hooks = [r.idempotency_key for r in receivers.webhook.accepted()]
-    row("webhook", len(set(hooks)), hooks, missing("webhook"))
+    row("webhook", hooks, missing("webhook"))
     return found
 
 
