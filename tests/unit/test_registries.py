@@ -19,8 +19,8 @@ from ruamel.yaml import YAML
 from costline.connectors.notify import NOTIFIERS
 from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim import RECLAIMERS
+from costline.connectors.slack_blocks import block_errors
 from costline.connectors.slack_render import AlertChange, render_alert
-from costline.connectors.slack_server import block_errors
 from costline.rules.engine import Engine
 from costline.rules.findings import Finding, Line, ReclaimRequest
 from costline.rules.kinds import KINDS, Rule
