@@ -8,7 +8,8 @@ them; every command and the worker hand ``PLUGINS`` to the loader and the JSON S
 from __future__ import annotations
 
 from costline.connectors.enforce import ENFORCERS
+from costline.connectors.notify import NOTIFIERS
 from costline.connectors.reclaim import RECLAIMERS
 from costline.rules.plugins import Plugins
 
-PLUGINS = Plugins(reclaimers=RECLAIMERS, enforcers=ENFORCERS)
+PLUGINS = Plugins(reclaimers=RECLAIMERS, enforcers=ENFORCERS, notifiers=NOTIFIERS)

@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 from aiohttp import web
 from slack_sdk.signature import Clock, SignatureVerifier
 
+from costline.connectors.alert_change import duration
 from costline.connectors.redis_client import FAILURES, AsyncRedisClient
 from costline.connectors.slack_render import (
     APPROVE_ACTION,
@@ -37,7 +38,6 @@ from costline.connectors.slack_render import (
     KEEP_ACTION,
     LIFT_ACTION,
     SNOOZE_ACTIONS,
-    duration,
 )
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,7 @@
-"""Alert change records → Slack messages (Block Kit blocks plus a plain ``text`` fallback).
+"""Alert changes → Slack messages (Block Kit blocks plus a plain ``text`` fallback).
 
 Pure functions: no clients, no clocks. The rule engine publishes one JSON record per alert
-state change on ``NS.alerts.v1``; :class:`AlertChange` reads that record once, strictly enough
-that a malformed one is refused here rather than half-rendered in a channel.
+state change on ``NS.alerts.v1``; :class:`AlertChange` (``connectors/alert_change.py``) reads it.
 
 Layout choices follow what a platform engineer reads on a phone: short lines, one fact per
 line, no tables. ``text`` is what push notifications and screen readers show, so it alone
@@ -18,12 +17,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from datetime import datetime
+from decimal import Decimal
 from typing import Any, NamedTuple
 
-from costline.rules.kinds import KINDS, Presentation
+from costline.connectors.alert_change import (
+    AlertChange,
+    figure,
+    headline,
+    limit_line,
+    optional_time,
+    short_time,
+    state_tag,
+    unit_of,
+)
 from costline.rules.money import figure_in, money, percent
 
 Block = dict[str, Any]
@@ -36,7 +43,6 @@ APPROVE_ACTION = "costline.approve"
 LIFT_ACTION = "costline.lift"
 DIGEST_MENU_ACTION = "costline.menu"
 
-STATES = ("pending", "firing", "resolved", "silenced")
 SEVERITY_EMOJI = {"info": ":information_source:", "warning": ":warning:",
                   "critical": ":rotating_light:"}
 STATE_EMOJI = {"resolved": ":white_check_mark:", "silenced": ":no_bell:",
@@ -45,190 +51,12 @@ BAR_CELLS = 10
 MAX_TOP = 5
 MAX_DIGEST_ITEMS = 40
 MAX_TEXT = 3000
-FORECAST_LINE = "forecast"
 OVERFLOW_VALUE_MAX = 150
-
-
-class InvalidAlertRecord(ValueError):
-    """The record does not have the shape the rule engine promises; retrying will not help."""
 
 
 class SlackMessage(NamedTuple):
     text: str
     blocks: list[Block]
-
-
-@dataclass(frozen=True)
-class Line:
-    name: str
-    value: Decimal
-
-
-@dataclass(frozen=True)
-class Contributor:
-    group: Mapping[str, str]
-    value: Decimal
-
-
-@dataclass(frozen=True)
-class Forecast:
-    value: Decimal
-    crosses_at: datetime | None
-
-
-@dataclass(frozen=True)
-class Reclaim:
-    resource_id: str
-    connector: str
-    grace_s: int
-    execute_at: datetime | None
-    mode: str
-    approval: str
-
-    @property
-    def needs_approval(self) -> bool:
-        """Anything but ``auto`` means a person must approve before the release happens."""
-        return self.approval != "auto"
-
-
-@dataclass(frozen=True)
-class AlertChange:
-    """One alert state change, as published by the rule engine."""
-
-    alert_id: str
-    rule: str
-    kind: str
-    severity: str
-    state: str
-    previous_state: str | None
-    group: Mapping[str, str]
-    since: datetime | None
-    at: datetime
-    value: Decimal
-    threshold: Decimal | None
-    line: str | None
-    lines: tuple[Line, ...]
-    currency: str
-    period_start: str | None
-    period_end: str | None
-    forecast: Forecast | None
-    rate_per_hour: Decimal | None
-    top: tuple[Contributor, ...]
-    faults: Mapping[str, Decimal] | None
-    reclaim: Reclaim | None
-    notify_slack: str | None
-    route_by_tag: str | None
-    notify_channel: str | None
-    mode: str
-    summary: str
-    unit: str | None
-    record: Mapping[str, Any]
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> AlertChange:
-        """Read a record, refusing one that lacks what every message needs."""
-        try:
-            return _parse(record)
-        except (KeyError, TypeError, ValueError, InvalidOperation, AttributeError) as exc:
-            raise InvalidAlertRecord(f"alert record: {exc!r}") from None
-
-    @property
-    def thread_key(self) -> str:
-        """One Slack thread per alert and period: a new month's budget alert starts afresh."""
-        return f"{self.alert_id}@{self.period_start}" if self.period_start else self.alert_id
-
-    @property
-    def change_key(self) -> str:
-        """Identifies this change, so a redelivered record is recognised as already sent."""
-        return f"{self.state}|{self.line or '-'}|{self.at.isoformat()}"
-
-    @property
-    def presentation(self) -> Presentation:
-        """How alerts of this kind read, as the registered kind says."""
-        return KINDS[self.kind].presentation
-
-    @property
-    def is_open(self) -> bool:
-        """Pending and firing alerts still invite action; resolved and silenced ones do not."""
-        return self.state in ("pending", "firing")
-
-
-def _parse(record: Mapping[str, Any]) -> AlertChange:
-    state = str(record["state"])
-    if state not in STATES:
-        raise ValueError(f"unknown state {state!r}")
-    kind = str(record["kind"])
-    if kind not in KINDS:
-        raise ValueError(KINDS.unknown(kind))
-    notify = record.get("notify") or {}
-    period = record.get("period") or {}
-    forecast = record.get("forecast")
-    faults = record.get("faults")
-    return AlertChange(
-        alert_id=_text(record["alert_id"]),
-        rule=_text(record["rule"]),
-        kind=kind,
-        severity=str(record.get("severity") or "warning"),
-        state=state,
-        previous_state=record.get("previous_state"),
-        group={str(k): str(v) for k, v in dict(record.get("group") or {}).items()},
-        since=_time(record.get("since")),
-        at=_required_time(record["at"]),
-        value=Decimal(str(record["value"])),
-        threshold=_decimal(record.get("threshold")),
-        line=record.get("line"),
-        lines=tuple(Line(str(x["name"]), Decimal(str(x["value"])))
-                    for x in record.get("lines") or ()),
-        currency=str(record.get("currency") or "USD"),
-        period_start=period.get("start"),
-        period_end=period.get("end"),
-        forecast=Forecast(Decimal(str(forecast["value"])), _time(forecast.get("crosses_at")))
-        if forecast else None,
-        rate_per_hour=_decimal(record.get("rate_per_hour")),
-        top=tuple(Contributor({str(k): str(v) for k, v in x["group"].items()},
-                              Decimal(str(x["value"]))) for x in record.get("top") or ()),
-        faults={str(k): Decimal(str(v)) for k, v in faults.items()} if faults else None,
-        reclaim=_reclaim(record.get("reclaim")),
-        notify_slack=notify.get("slack"),
-        route_by_tag=notify.get("route_by_tag"),
-        notify_channel=notify.get("channel"),
-        mode=str(record.get("mode") or "live"),
-        summary=str(record.get("summary") or ""),
-        unit=record.get("unit"),
-        record=record,
-    )
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("expected a non-empty string")
-    return value
-
-
-def _decimal(value: Any) -> Decimal | None:
-    return None if value is None else Decimal(str(value))
-
-
-def _time(value: Any) -> datetime | None:
-    return None if value in (None, "") else _required_time(value)
-
-
-def _required_time(value: Any) -> datetime:
-    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _reclaim(raw: Any) -> Reclaim | None:
-    if not raw:
-        return None
-    return Reclaim(
-        resource_id=_text(raw["resource_id"]),
-        connector=str(raw.get("connector") or ""),
-        grace_s=int(raw.get("grace") or 0),
-        execute_at=_time(raw.get("execute_at")),
-        mode=str(raw.get("mode") or "live"),
-        approval=str(raw.get("approval") or "auto"),
-    )
 
 
 # ── formatting ────────────────────────────────────────────────────────────────────────────
@@ -239,15 +67,6 @@ MONEY_OR_SHARE = ("currency", "currency_per_hour", "fraction")
 while its utilization (a share) is the figure."""
 
 
-def unit_of(change: AlertChange) -> str:
-    return change.unit or change.presentation.unit
-
-
-def figure(change: AlertChange, amount: Decimal) -> str:
-    """An amount in the unit the alert's kind measures."""
-    return figure_in(amount, unit_of(change), change.currency)
-
-
 def usage_bar(fraction: Decimal) -> str:
     """``▓▓▓▓▓▓▓▓░░ 82%``: cells and percentage round down, so 99.9% never reads as full."""
     pct = int((fraction * 100).to_integral_value(rounding="ROUND_FLOOR"))
@@ -255,25 +74,10 @@ def usage_bar(fraction: Decimal) -> str:
     return f"{'▓' * filled}{'░' * (BAR_CELLS - filled)} {pct}%"
 
 
-def short_time(moment: datetime) -> str:
-    utc = moment.astimezone(UTC)
-    return f"{utc:%b} {utc.day} {utc:%H:%M} UTC"
-
-
 def slack_time(moment: datetime) -> str:
     """A time Slack shows in each reader's own zone, with a UTC fallback for old clients."""
     epoch = int(moment.timestamp())
     return f"<!date^{epoch}^{{date_short_pretty}} {{time}}|{short_time(moment)}>"
-
-
-def duration(seconds: int) -> str:
-    if seconds % 86400 == 0 and seconds:
-        return f"{seconds // 86400}d"
-    if seconds % 3600 == 0 and seconds:
-        return f"{seconds // 3600}h"
-    if seconds % 60 == 0:
-        return f"{seconds // 60}m"
-    return f"{seconds}s"
 
 
 def group_label(group: Mapping[str, str]) -> str:
@@ -293,30 +97,6 @@ def escape(text: str) -> str:
 
 
 # ── phrases ───────────────────────────────────────────────────────────────────────────────
-
-
-def headline(change: AlertChange) -> str:
-    """The figure against the line, in words: the heart of both ``text`` and the blocks.
-
-    An alert made outside the rule engine (a stopped reclamation round) brings its own.
-    """
-    if change.record.get("headline"):
-        return str(change.record["headline"])
-    value = figure(change, change.value)
-    line = change.line or "its line"
-    against = f" ({figure(change, change.threshold)})" if change.threshold is not None else ""
-    if change.line == FORECAST_LINE and change.forecast is not None:
-        target = _limit_line(change)
-        name = target.name if target else "its line"
-        if change.state == "resolved":
-            return f"{value}, forecast back under {name}{against}"
-        return f"{value}, forecast {figure(change, change.forecast.value)} crosses {name}{against}"
-    words = change.presentation.back if change.state == "resolved" else change.presentation.crossed
-    return words.format(value=value, line=line) + against
-
-
-def state_tag(change: AlertChange) -> str:
-    return change.state.upper() if change.state != "firing" else change.severity.upper()
 
 
 def fallback_text(change: AlertChange) -> str:
@@ -351,17 +131,9 @@ def _about(change: AlertChange) -> Block:
     return _section("\n".join(lines))
 
 
-def _limit_line(change: AlertChange) -> Line | None:
-    """The budget line the bar is measured against: ``limit``, else the highest line."""
-    named = [x for x in change.lines if x.name == "limit"]
-    if named:
-        return named[0]
-    return max(change.lines, key=lambda x: x.value) if change.lines else None
-
-
 def _figure_section(change: AlertChange) -> Block:
     parts = [f"*{headline(change)}*"]
-    limit = _limit_line(change)
+    limit = limit_line(change)
     if change.presentation.bar and limit is not None and limit.value > 0:
         parts.append(f"`{usage_bar(change.value / limit.value)}` of {limit.name} "
                      f"{figure(change, limit.value)}")
@@ -386,7 +158,7 @@ def _trend_section(change: AlertChange) -> Block | None:
     if change.forecast is not None:
         text = f":crystal_ball: Forecast *{figure(change, change.forecast.value)}* at period end"
         if change.forecast.crosses_at is not None:
-            limit = _limit_line(change)
+            limit = limit_line(change)
             name = limit.name if limit else "the line"
             text += f"\ncrosses {name} {slack_time(change.forecast.crosses_at)}"
         parts.append(text)
@@ -415,7 +187,7 @@ def _contribution(change: AlertChange, total: Decimal) -> Decimal | None:
     if unit_of(change) != "currency_per_hour":
         return total
     try:
-        start, end = _time(change.period_start), _time(change.period_end)
+        start, end = optional_time(change.period_start), optional_time(change.period_end)
     except ValueError:
         return None
     seconds = Decimal((end - start).total_seconds()) if start and end else Decimal(0)

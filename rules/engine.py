@@ -236,11 +236,5 @@ def _maybe_micro(micro: int | None) -> str | None:
 
 
 def _notify(rule: Rule, finding: Finding) -> dict[str, Any] | None:
-    """Where to post: the configured keys, plus ``channel`` resolved for this alert's tags."""
-    if rule.notify is None:
-        return None
-    return {
-        "slack": rule.notify.slack,
-        "route_by_tag": rule.notify.route_by_tag,
-        "channel": rule.notify.channel_for(finding.labels),
-    }
+    """Where the alert goes: each notifier's parameters, routed for this alert's tags."""
+    return None if rule.notify is None else rule.notify.published(finding.labels)

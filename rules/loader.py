@@ -4,8 +4,8 @@ A rule set is all-or-nothing: the worker never runs half of a reload, so the loa
 every file, collects every problem, and only then decides. Dispatch on ``kind`` goes through
 the ``KINDS`` registry, and ``rules_json_schema`` is generated from the same registry, so an
 editor's schema cannot drift from what the loader accepts. Both are given the plug-ins rule
-files may name beyond the kinds (``rules/plugins.py``: the reclaim connectors), never left to
-find them by what happens to be imported.
+files may name beyond the kinds (``rules/plugins.py``: the reclaim connectors and the
+notifiers), never left to find them by what happens to be imported.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pydantic.json_schema import models_json_schema
 from costline.rules.enforce_params import enforce_json_schema
 from costline.rules.kinds import KINDS, Rule
 from costline.rules.kinds.idle import reclaim_json_schema
+from costline.rules.notify import notify_json_schema
 from costline.rules.plugins import CONTEXT_KEY, NO_PLUGINS, Plugins
 from costline.rules.yaml_source import Document, SourceError, SourceInvalid, load_document
 
@@ -195,8 +196,9 @@ def _duplicate_names(loaded: Sequence[LoadedRule]) -> list[SourceError]:
 
 
 def rules_json_schema(plugins: Plugins = NO_PLUGINS) -> dict[str, Any]:
-    """The JSON Schema of a rule file: ``rules`` items are ``oneOf`` the registered kinds, and
-    ``reclaim`` and ``enforce`` are ``oneOf`` the connectors in ``plugins``."""
+    """The JSON Schema of a rule file: ``rules`` items are ``oneOf`` the registered kinds,
+    ``reclaim`` and ``enforce`` are ``oneOf`` the connectors in ``plugins`` and ``notify`` has
+    a key per notifier in ``plugins``."""
     models = list(KINDS.items())
     _, top = models_json_schema(
         [(model, "validation") for _, model in models],
@@ -208,6 +210,8 @@ def rules_json_schema(plugins: Plugins = NO_PLUGINS) -> dict[str, Any]:
         defs["Reclaim"] = reclaim_json_schema(plugins.reclaimers)
     if "Enforce" in defs:
         defs["Enforce"] = enforce_json_schema(plugins.enforcers)
+    if "Notify" in defs:
+        defs["Notify"] = notify_json_schema(plugins.notifiers)
     refs = {name: {"$ref": f"#/$defs/{model.__name__}"} for name, model in models}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -1,14 +1,13 @@
 """The plug-ins a rule file names whose implementations live outside the pure core.
 
 Rule kinds belong to the core (``rules/kinds/``). A rule file also names plug-ins that act
-on the outside world — ``reclaim: {connector: slurm, action: requeue}`` — and each of those is
-one file in ``connectors/`` that holds both its parameter model and the code that uses it, so
-that a new connector is one file and its parameters are defined once. ``rules/`` may not
+on the outside world — ``reclaim: {connector: slurm, action: requeue}``,
+``notify: {pagerduty: {routing_key_env: PD_KEY}}`` — and each of those is one file in
+``connectors/`` that holds both its parameter model and the code that uses it, so that a new
+connector or notifier is one file and its parameters are defined once. ``rules/`` may not
 import ``connectors/``, so the loader and the JSON Schema are *given* those registries as a
 ``Plugins`` value by whoever composes the program (``costline.connectors.plugins.PLUGINS``).
 Which parameters apply is then what the caller passed, never what happened to be imported.
-
-A family added later (notifiers) becomes one more field here, filled in that same one place.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationInfo
 
+from costline.rules.notify_params import Notifier
 from costline.rules.reclaim_params import Reclaimer
 
 if TYPE_CHECKING:  # enforce_params reads the plug-ins through plugins_of below
@@ -36,9 +36,12 @@ class Plugins:
     enforcers: Mapping[str, type[Enforcer]] = field(default_factory=dict)
     """``enforce: {connector: NAME}`` of a budget rule → the connector, likewise."""
 
+    notifiers: Mapping[str, type[Notifier]] = field(default_factory=dict)
+    """``notify: {NAME: ...}`` → the notifier, which carries its parameter model."""
+
 
 NO_PLUGINS = Plugins()
-"""Rule files that name no plug-in (every kind but ``idle`` with ``reclaim``) need none."""
+"""Rule files that name no plug-in (no ``notify``, no ``reclaim``) need none."""
 
 
 def plugins_of(info: ValidationInfo) -> Plugins:

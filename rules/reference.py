@@ -1,4 +1,5 @@
-"""The rule reference (docs/RULES.md): every kind and connector, read from the registries.
+"""The rule reference (docs/RULES.md): every kind, connector and notifier, read from the
+registries.
 
 The tables are made from the same JSON Schema editors get (``rules_json_schema``), so a key,
 its default and its description are written once, on the model, and the docs cannot drift
@@ -21,6 +22,7 @@ from costline.rules.registry import example_of, summary_of
 
 COMMON_RECLAIM_KEYS = ("connector", "grace", *ReclaimParams.model_fields)
 COMMON_ENFORCE_KEYS = (*COMMON_KEYS, *EnforceParams.model_fields)
+COMMON_NOTIFY_KEYS = ("route_by_tag", "channels")
 
 
 def reference_markdown(plugins: Plugins) -> str:
@@ -29,9 +31,10 @@ def reference_markdown(plugins: Plugins) -> str:
     common = Rule.model_json_schema(by_alias=True)
     parts = [
         "# Rule reference\n",
-        "Every rule kind, reclaim connector and enforcement connector, generated from their "
-        "registries by `costline rules reference`; a test keeps this file equal to its "
-        "output. Editors get the same keys as a JSON Schema from `costline rules schema`.\n",
+        "Every rule kind, reclaim connector, enforcement connector and notifier, generated "
+        "from their registries by `costline rules reference`; a test keeps this file equal to "
+        "its output. Editors get the same keys as a JSON Schema from `costline rules "
+        "schema`.\n",
         "## Keys every rule has\n",
         _table(common, list(common["properties"])),
         "## Kinds\n",
@@ -59,7 +62,7 @@ def reference_markdown(plugins: Plugins) -> str:
         parts += [f"### `{name}`\n", option["description"] + "\n"]
         parts += [_table(option, own, noun="parameter")] if own else []
         parts += [_example(connector)]
-    return "\n".join(parts + _enforcers(plugins, defs))
+    return "\n".join(parts + _enforcers(plugins, defs) + _notifiers(defs["Notify"], plugins))
 
 
 def _enforcers(plugins: Plugins, defs: Mapping[str, Any]) -> list[str]:
@@ -78,6 +81,25 @@ def _enforcers(plugins: Plugins, defs: Mapping[str, Any]) -> list[str]:
         parts += [f"### `enforce: {name}`\n", option["description"] + "\n"]
         parts += [_table(option, own, noun="parameter")] if own else []
         parts += [_example(connector)]
+    return parts
+
+
+def _notifiers(notify: Mapping[str, Any], plugins: Plugins) -> list[str]:
+    """``notify:``: the keys every notifier shares, then each notifier's own."""
+    parts = [
+        "## Notifiers\n",
+        "`notify:` names one or more notifiers, each under its own key (docs/NOTIFY.md). "
+        "Beside them:\n",
+        _table(notify, [key for key in COMMON_NOTIFY_KEYS if key in notify["properties"]]),
+    ]
+    for name, notifier in plugins.notifiers.items():
+        option = notify["properties"][name]
+        [keys] = [o for o in option.get("anyOf", [option]) if o.get("type") == "object"]
+        shorthand = notifier.params_model.shorthand
+        parts += [f"### `{name}`\n", summary_of(notifier) + "\n"]
+        if shorthand is not None:
+            parts += [f"`{name}: VALUE` is short for `{name}: {{{shorthand}: VALUE}}`.\n"]
+        parts += [_table(keys, list(keys["properties"]), noun="parameter"), _example(notifier)]
     return parts
 
 

@@ -93,6 +93,33 @@ class Settings(BaseSettings):
         description="rule name → Slack user ids allowed to press Approve and Lift (JSON)",
     )
 
+    # Notifiers beyond Slack (docs/NOTIFY.md); where each alert goes is in the rule files.
+    external_url: str | None = Field(
+        None, description="where people reach this costline (links in alerts); default "
+        "http://HOSTNAME:COSTLINE_WEB_PORT"
+    )
+    smtp_host: str | None = Field(
+        None, description="mail server for email alerts; unset: email alerts are logged only"
+    )
+    smtp_port: int | None = Field(
+        None, ge=1, le=65535, description="default 587 with starttls, 465 with tls, 25 with none"
+    )
+    smtp_security: Literal["starttls", "tls", "none"] = Field(
+        "starttls", description="starttls (upgrade a plain connection), tls (SMTPS from the "
+        "first byte) or none"
+    )
+    smtp_username: str | None = Field(None, description="SMTP AUTH user name")
+    smtp_password: SecretStr | None = Field(None, description="SMTP AUTH password")
+    smtp_from: str = Field("costline@localhost", description="sender of email alerts")
+    smtp_ca_file: Path | None = Field(
+        None, description="PEM CA bundle the mail server's certificate chains to (default: "
+        "the system's)"
+    )
+    pagerduty_url: str = Field(
+        "https://events.pagerduty.com", description="PagerDuty Events API base URL "
+        "(https://events.eu.pagerduty.com for the EU service region)"
+    )
+
     # Operational knobs (not in the contract's table, documented in README).
     partitions: int = Field(6, ge=1, le=1024, description="partitions of the input topics")
     dedup_horizon_s: int = Field(

@@ -19,8 +19,8 @@ from typing import Annotated, Any
 from pydantic import AnyHttpUrl, Field, PlainSerializer
 
 from costline.connectors.enforce import EnforceConnector, NotEnforceable, enforcer
+from costline.connectors.params import EnvName
 from costline.connectors.reclaim import (
-    EnvName,
     NotReclaimable,
     Sleep,
     real_sleep,

@@ -22,22 +22,12 @@ import asyncio
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, ClassVar, Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
-from pydantic import Field, PlainSerializer
-
-from costline.rules.durations import PositiveDuration, format_duration
 from costline.rules.findings import ReclaimRequest
 from costline.rules.reclaim import Outcome, Plan
 from costline.rules.reclaim_params import ReclaimParams
 from costline.rules.registry import Registry
-
-EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
-"""The name of an environment variable that holds a secret (never the secret itself)."""
-
-Seconds = Annotated[PositiveDuration, PlainSerializer(format_duration, return_type=str)]
-"""A duration parameter: written ``10s``, held as seconds, and passed on as ``10s`` again so
-the parameters of a reclaim request validate a second time where they are used."""
 
 Sleep = Callable[[float], Awaitable[None]]
 

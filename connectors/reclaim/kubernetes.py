@@ -28,11 +28,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AnyHttpUrl, Field
 
+from costline.connectors.params import EnvName, Seconds
 from costline.connectors.reclaim import (
-    EnvName,
     NotReclaimable,
     ReclaimConnector,
-    Seconds,
     Sleep,
     backoff_delays,
     real_sleep,

@@ -14,8 +14,6 @@ platform saying no, and is not retried.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -24,17 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import AnyHttpUrl, Field
 
+from costline.connectors.params import EnvName, Seconds
 from costline.connectors.reclaim import (
-    EnvName,
     NotReclaimable,
     ReclaimConnector,
-    Seconds,
     Sleep,
     backoff_delays,
     real_sleep,
     reclaimer,
     secret_from_env,
 )
+from costline.connectors.signature import sign
 from costline.rules.durations import rfc3339
 from costline.rules.findings import ReclaimRequest
 from costline.rules.reclaim import Outcome, Plan
@@ -43,7 +41,6 @@ from costline.rules.reclaim_params import ReclaimParams
 if TYPE_CHECKING:
     import aiohttp
 
-SIGNATURE_VERSION = "v1"
 DEFAULT_SECRET_ENV = "COSTLINE_WEBHOOK_SECRET"
 MAX_REASON = 200
 
@@ -64,12 +61,6 @@ class WebhookParams(ReclaimParams):
         1, json_schema_extra={"default": "1s"},
         description="wait before the first retry; doubles each time (at most 30s)",
     )
-
-
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """``v1=<hex HMAC-SHA256 of timestamp.body>``."""
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
-    return f"{SIGNATURE_VERSION}={digest.hexdigest()}"
 
 
 def body_of(plan: Plan) -> bytes:

@@ -21,12 +21,12 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from costline.rules.durations import Duration, PositiveDuration
 from costline.rules.findings import Finding
+from costline.rules.notify import Notify
 from costline.rules.registry import Registry, summary_of
 from costline.rules.state import StateView
 
@@ -34,7 +34,6 @@ RULE_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 RuleName = Annotated[str, Field(pattern=RULE_NAME_PATTERN, max_length=128)]
 DimensionKey = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
 Glob = Annotated[str, Field(min_length=1, max_length=256)]
-Channel = Annotated[str, Field(pattern=r"^[#@]?[A-Za-z0-9._-]{1,80}$")]
 Severity = Literal["info", "warning", "critical"]
 Mode = Literal["live", "dry_run"]
 
@@ -55,47 +54,6 @@ def listed(what: str) -> BeforeValidator:
 
 
 GroupBy = Annotated[tuple[DimensionKey, ...], listed("tag keys, e.g. [team, project]")]
-
-
-class Notify(BaseModel):
-    """Where alerts go: a fixed channel, and/or the channel mapped from one of the group's tags.
-
-    With ``route_by_tag: owner`` and ``channels: {alice: "#alice-jobs"}`` an alert for
-    ``owner=alice`` goes to ``#alice-jobs``. A tag value that is itself a channel or a user
-    (``#team-x``, ``@alice``) needs no entry; anything else falls back to ``slack``.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    slack: Channel | None = Field(
-        None, description="Slack channel (#name) or user (@name) the alerts go to"
-    )
-    route_by_tag: DimensionKey | None = Field(
-        None,
-        description="tag whose value picks the channel: through channels, or a value that is "
-        "itself a #channel or @user; else slack",
-    )
-    channels: dict[Annotated[str, Field(min_length=1)], Channel] = Field(
-        default_factory=dict, description="tag value → channel, for route_by_tag"
-    )
-
-    @model_validator(mode="after")
-    def _has_destination(self) -> Notify:
-        if self.slack is None and self.route_by_tag is None:
-            raise PydanticCustomError("notify", "notify needs slack, route_by_tag, or both")
-        if self.channels and self.route_by_tag is None:
-            raise PydanticCustomError("notify", "channels map values of route_by_tag; set it")
-        return self
-
-    def channel_for(self, labels: dict[str, str]) -> str | None:
-        """The channel an alert with these tags goes to."""
-        if self.route_by_tag is not None:
-            value = labels.get(self.route_by_tag, "")
-            if value in self.channels:
-                return self.channels[value]
-            if value[:1] in ("#", "@") and len(value) > 1:
-                return value
-        return self.slack
 
 
 def configured_zone(value: Any, info: ValidationInfo) -> Any:
@@ -184,7 +142,8 @@ class Rule(BaseModel):
     )
     severity: Severity = Field("warning", description="info, warning or critical")
     notify: Notify | None = Field(
-        None, description="where alerts go; without it they are recorded and logged only"
+        None, description="where alerts go: one or more notifiers (slack, email, pagerduty, "
+        "alertmanager, webhook); without it, Slack's fallback channel"
     )
     mode: Mode = Field(
         "live",

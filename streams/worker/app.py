@@ -32,7 +32,9 @@ from redis.exceptions import ReadOnlyError
 
 from costline.connectors import bucket_zone
 from costline.connectors.alert_store import AlertStore
-from costline.connectors.kafka import MAX_MESSAGE_BYTES, KafkaUnavailable, api_versions
+from costline.connectors.kafka import KafkaUnavailable, api_versions
+from costline.connectors.notify import Notifier
+from costline.connectors.notify.slack import SlackNotifier
 from costline.connectors.redis_apply import BatchWriter
 from costline.connectors.redis_client import connect, connect_async
 from costline.connectors.redis_keys import Calendar
@@ -51,12 +53,14 @@ from costline.streams.worker.enforce_alerts import enforcement_alert
 from costline.streams.worker.enforcer import EnforceActions, Enforcer, build_enforcer
 from costline.streams.worker.evaluation_process import ProcessRunner
 from costline.streams.worker.evaluator import Evaluator, RuleSource
+from costline.streams.worker.faust_app import faust_app
 from costline.streams.worker.health import Health
 from costline.streams.worker.intake import Intake
+from costline.streams.worker.metric_help import DESCRIPTIONS
 from costline.streams.worker.metrics import Metrics
 from costline.streams.worker.notifier import (
     build_actions_handler,
-    build_notifier,
+    build_notifiers,
     deliver_until_done,
 )
 from costline.streams.worker.pricing import InlinePricing, PoolPricing, Pricing
@@ -72,48 +76,9 @@ WATERMARK_CHECK_S = 10.0
 # aggregation counts as behind, and rule evaluations rest longer
 # (costline.streams.worker.evaluator).
 BEHIND_LEDGER_RECORDS = 100
+# How often the leader looks for reminders a notifier owes its channel.
+REMIND_S = 5.0
 Send = Callable[[bytes, bytes], Awaitable[None]]
-
-
-def faust_broker(bootstrap: str) -> list[str]:
-    return [f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()]
-
-
-def faust_app(settings: Settings) -> faust.App:
-    """The worker's Faust app: intake, the notifier, timers and pages."""
-    datadir = settings.state_dir / "faust" / settings.namespace
-    datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
-    return faust.App(
-        f"{settings.namespace}-aggregator",
-        broker=faust_broker(settings.kafka_bootstrap),
-        # TLS and SASL for Faust's consumer, producer and topic creation alike.
-        broker_credentials=settings.kafka_security().faust_credentials(),
-        store="memory://",
-        datadir=str(datadir),
-        web_port=settings.web_port,
-        web_host="0.0.0.0",
-        autodiscover=False,
-        consumer_auto_offset_reset="earliest",
-        broker_session_timeout=settings.kafka_session_timeout_s,
-        broker_heartbeat_interval=min(3.0, settings.kafka_session_timeout_s / 3),
-        broker_rebalance_timeout=settings.kafka_rebalance_timeout_s,
-        topic_partitions=settings.partitions,
-        topic_allow_declare=True,
-        producer_acks=-1,
-        producer_compression_type="lz4",
-        # A take's ledger records and dead letters are sent together.
-        producer_linger_ms=5,
-        # The dead letter of a refused 10,000-event batch is a few MiB (topics allow 16 MiB).
-        producer_max_request_size=MAX_MESSAGE_BYTES,
-        # Messages Faust buffers ahead of the agent. 100-event batches are ~33 KB each, so
-        # its default of 4,096 could hold 130 MiB; a few takes ahead keep the agent busy.
-        stream_buffer_maxsize=max(1024, settings.batch_messages * 4),
-        # Compressed bytes fetched ahead per partition: Kafka's own 1 MiB, not Faust's 4 MiB,
-        # so a worker owning 24 partitions holds at most 24 MiB of them.
-        consumer_max_fetch_size=settings.fetch_bytes,
-        broker_commit_every=max(10_000, settings.batch_messages * 4),
-        web_in_thread=False,
-    )
 
 
 class Wiring:
@@ -341,18 +306,31 @@ class Wiring:
         self.every(self.settings.reclaim_tick_s, "enforcement", enforce, on_leader=True)
         return enforcer
 
-    def slack(self, evaluator: Evaluator, reclaimer: Reclaimer,
-              enforcer: Enforcer | None = None) -> None:
-        notifier = build_notifier(self.settings, self.redis)
-        metrics, health = self.metrics, self.health
+    def notifiers(self, evaluator: Evaluator, reclaimer: Reclaimer,
+                  enforcer: Enforcer | None = None) -> None:
+        """One agent per notifier on the alerts topic, so a channel that is down holds back
+        only its own alerts; the reminders time makes due (Alertmanager forgets an alert it
+        is not told of again) on the leader; and the Slack buttons."""
+        notifiers = build_notifiers(self.settings, self.redis)
+        for notifier in notifiers.values():
+            self._notify_agent(notifier)
 
-        @self.app.agent(self.topic("alerts"), concurrency=1)
-        async def notify(stream: Any) -> None:
-            async for events in stream.take_events(200, within=2.0):
-                await deliver_until_done(notifier, [e.message.value for e in events], metrics,
-                                         health)
+        async def remind() -> None:
+            for notifier in notifiers.values():
+                await notifier.remind()
+        self.every(REMIND_S, "notifier_reminders", remind, on_leader=True)
 
-        buttons = build_actions_handler(self.settings, self.redis, evaluator.store, notifier,
+        @self.app.service
+        class Notifiers(faust.Service):
+            """Closes the notifiers' connections with the worker."""
+
+            async def on_stop(self) -> None:
+                for notifier in notifiers.values():
+                    await notifier.close()
+
+        slack = notifiers["slack"]
+        assert isinstance(slack, SlackNotifier)
+        buttons = build_actions_handler(self.settings, self.redis, evaluator.store, slack,
                                         reclaim=EnforceActions(enforcer, ReclaimActions(reclaimer))
                                         if enforcer else ReclaimActions(reclaimer))
         if buttons is not None:
@@ -364,6 +342,16 @@ class Wiring:
 
                 async def post(self, request: Any) -> Any:
                     return await handler(request)
+
+    def _notify_agent(self, notifier: Notifier) -> None:
+        metrics, health = self.metrics, self.health
+
+        async def notify(stream: Any) -> None:
+            async for events in stream.take_events(200, within=2.0):
+                await deliver_until_done(notifier, [e.message.value for e in events], metrics,
+                                         health)
+        self.app.agent(self.topic("alerts"), name=f"notify-{notifier.name}",
+                       concurrency=1)(notify)
 
     def probes(self) -> None:
         """An idle worker makes no Redis or Kafka calls of its own: these make an outage
@@ -461,12 +449,13 @@ def _notify_of(evaluator: Evaluator, rule_name: Any) -> dict[str, Any]:
     """Where a rule's alerts go (its ``notify`` block), for alerts made outside the engine."""
     rule = evaluator.source.rules().get(str(rule_name))
     notify = getattr(rule, "notify", None)
-    return notify.model_dump(exclude_none=True) if notify is not None else {}
+    return notify.published({}) if notify is not None else {}
 
 
 def build_app(settings: Settings, partitions: int | None = None
               ) -> tuple[faust.App, Aggregation]:
-    """The whole worker: intake, aggregation, alerting, reclamation, Slack, probes and pages.
+    """The whole worker: intake, aggregation, alerting, reclamation, notifiers, probes and
+    pages.
     ``partitions``: the ledger topic's (the settings' when not given)."""
     wiring = Wiring(settings)
     partitions = partitions or settings.partitions
@@ -475,36 +464,10 @@ def build_app(settings: Settings, partitions: int | None = None
     aggregation = wiring.aggregation(partitions)
     evaluator = wiring.alerting(aggregation)
     reclaimer = wiring.reclamation(evaluator)
-    wiring.slack(evaluator, reclaimer, wiring.enforcement(evaluator))
+    wiring.notifiers(evaluator, reclaimer, wiring.enforcement(evaluator))
     wiring.api(evaluator)
     wiring.probes()
     wiring.pages()
     wiring.garbage_collection()
-    _describe(wiring.metrics)
+    wiring.metrics.describe_all(DESCRIPTIONS)
     return wiring.app, aggregation
-
-
-def _describe(metrics: Metrics) -> None:
-    for name, text in {
-        "messages_total": "input messages taken from Kafka",
-        "entries_total": "events of accepted input messages sent to the ledger",
-        "events_total": "events counted into Redis",
-        "rejected_total": "input messages sent to the dead-letter topic, by reason",
-        "batches_total": "Redis batch writes applied",
-        "events_duplicate_total": "events ignored because their id was counted",
-        "ledger_records_replayed_total": "ledger records skipped as already applied",
-        "ledger_records_unreadable_total": "ledger records that were not ledger records",
-        "redis_apply_seconds": "latency of one batch write to Redis",
-        "evaluations_total": "rule evaluations run",
-        "alert_changes_total": "alert state changes published",
-        "evaluation_seconds": "latency of one evaluation (every rule on the tick; between "
-                              "ticks, the rules new data can change)",
-        "input_lag": "input messages not yet priced into the ledger",
-        "consumer_lag": "ledger records not yet applied to Redis",
-        "tagsets_known": "tag sets the worker knows Redis holds, so does not send again "
-                         "(one budget over its partitions)",
-        "unwritten_events": "events folded and not yet written to Redis, over the "
-                            "worker's partitions (at most COSTLINE_UNWRITTEN_EVENTS and one "
-                            "window)",
-    }.items():
-        metrics.describe(name, text)

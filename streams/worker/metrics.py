@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -63,6 +63,9 @@ class Metrics:
 
     def describe(self, name: str, text: str) -> None:
         self.help[name] = text
+
+    def describe_all(self, texts: Mapping[str, str]) -> None:
+        self.help.update(texts)
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         self.counters[name][tuple(sorted(labels.items()))] += value

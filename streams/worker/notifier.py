@@ -1,8 +1,10 @@
-"""The Slack side of the worker: the notifier agent on ``NS.alerts.v1`` and the buttons.
+"""The notifying side of the worker: what runs the notifiers on ``NS.alerts.v1``, and the
+Slack buttons.
 
-The agent takes alert changes in small batches (so a burst for one channel can become one
-digest message) and acknowledges them only once Slack has them, or once the notifier decided
-they need no message; a Slack outage leaves them in Kafka and the batch is retried.
+Each notifier has its own agent (``costline.streams.worker.app``), which takes alert changes
+in small batches (so a burst for one destination can become one digest) and acknowledges them
+only once its channel has them, or once the notifier decided they need no message. A channel
+that is down leaves its batch in Kafka and retries it; the other channels go on.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from datetime import timedelta
 from typing import Any
 
 from costline.connectors.alert_store import AlertStore
+from costline.connectors.notify import NOTIFIERS, DeliveryError, Notifier, Setup
+from costline.connectors.notify.slack import SlackNotifier
 from costline.connectors.redis_client import AsyncRedisClient
 from costline.connectors.slack_actions import (
     ActionRequest,
@@ -21,8 +25,6 @@ from costline.connectors.slack_actions import (
     SlackActionsHandler,
     make_actions_handler,
 )
-from costline.connectors.slack_ledger import SlackLedger
-from costline.connectors.slack_sender import DeliveryError, SlackNotifier
 from costline.rules.durations import rfc3339
 from costline.streams.settings import Settings
 from costline.streams.worker.health import Health
@@ -32,39 +34,35 @@ from costline.streams.worker.retry import Backoff
 log = logging.getLogger("costline.notifier")
 
 
-def build_notifier(settings: Settings, redis: AsyncRedisClient) -> SlackNotifier:
-    """A notifier that sends when ``SLACK_BOT_TOKEN`` is set and only logs otherwise."""
-    sending = settings.slack_bot_token is not None
-    return SlackNotifier(
-        token=settings.slack_bot_token,
-        ledger=SlackLedger(redis, settings.namespace) if sending else None,
-        fallback_channel=settings.slack_fallback_channel,
-        base_url=settings.slack_api_url,
-        channel_by_tag_value=settings.slack_channels,
-    )
+def build_notifiers(settings: Settings, redis: AsyncRedisClient) -> dict[str, Notifier]:
+    """Every registered notifier, configured from the settings; a channel without what it
+    needs to send (no token, no mail server) logs what it would send instead."""
+    setup = Setup(settings, redis)
+    return {name: notifier.build(setup) for name, notifier in NOTIFIERS.items()}
 
 
-async def deliver_until_done(notifier: SlackNotifier, raw: list[bytes], metrics: Metrics,
+async def deliver_until_done(notifier: Notifier, raw: list[bytes], metrics: Metrics,
                              health: Health) -> None:
-    """Deliver a batch of alert changes; wait and retry while Slack is unavailable."""
+    """Deliver a batch of alert changes; wait and retry while the channel is unavailable."""
     records: list[dict[str, Any]] = []
     for value in raw:
         try:
             records.append(json.loads(value))
         except ValueError:
-            metrics.inc("alert_records_unreadable_total")
+            metrics.inc("alert_records_unreadable_total", notifier=notifier.name)
     backoff = Backoff(first=1.0, ceiling=60.0)
     while records:
         try:
             deliveries = await notifier.deliver(records)
         except DeliveryError as exc:
-            health.failing("slack", exc)
-            log.warning("Slack unavailable, the alerts wait in Kafka: %s", exc)
+            health.failing(notifier.name, exc)
+            log.warning("%s unavailable, its alerts wait in Kafka: %s", notifier.name, exc)
             await backoff.wait()
             continue
-        health.recovered("slack")
+        health.recovered(notifier.name)
         for delivery in deliveries:
-            metrics.inc("slack_deliveries_total", outcome=delivery.outcome)
+            metrics.inc("notifier_deliveries_total", notifier=notifier.name,
+                        outcome=delivery.outcome)
         return
 
 

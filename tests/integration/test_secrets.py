@@ -1,9 +1,12 @@
-"""Secrets never leave the worker: not in its log, ``/metrics``, ``/healthz``, Kafka or Slack.
+"""Secrets never leave the worker: not in its log, ``/metrics``, ``/healthz``, Kafka, Slack or
+what the other notifiers send.
 
 The real worker runs at debug log level with a distinctive ``SLACK_BOT_TOKEN``,
-``SLACK_SIGNING_SECRET``, webhook signing secret and Redis password (a ``redis-server
---requirepass`` of the test's own on a spare port). Usage drives a budget alert to a local Slack
-server that accepts only that token, a button press signed with the secret snoozes it, idle
+``SLACK_SIGNING_SECRET``, webhook signing secrets, PagerDuty routing key, SMTP password and Redis
+password (a ``redis-server --requirepass`` of the test's own on a spare port). Usage drives a
+budget alert to a local Slack server that accepts only that token, to PagerDuty's stand-in, a
+webhook receiver and a mail server that requires that password; a button press signed with the
+secret snoozes it, idle
 samples make a webhook reclaim plan (its grace outlasts the test, so nothing is released), a bad
 message goes to the dead-letter topic; then the Redis server is stopped so ``/healthz`` reports it
 down. Everything captured is searched for every 12-character piece of each secret.
@@ -32,11 +35,14 @@ import redis
 from pydantic import ValidationError
 
 from costline.connectors.kafka import admin
+from costline.connectors.pagerduty_server import LocalPagerDuty, LocalPagerDutyThread
 from costline.connectors.slack_server import LocalSlack, LocalSlackThread, Message
 from costline.streams.settings import Settings
 from costline.streams.topics import create_topics
 from tests.conftest import unavailable
+from tests.integration.smtp_server import USER, Mailbox, smtp_server
 from tests.integration.streamkit import REPO, Worker, free_port, produce, read_all, worker_env
+from tests.integration.webhook_receiver import WebhookReceiver, WebhookReceiverThread
 
 pytestmark = pytest.mark.integration
 
@@ -44,29 +50,38 @@ TOKEN = "xoxb-" + secrets.token_hex(16)
 SIGNING_SECRET = "sign" + secrets.token_hex(16)
 REDIS_PASSWORD = "redispw" + secrets.token_hex(16)
 WEBHOOK_SECRET = "whsec" + secrets.token_hex(16)
+PAGERDUTY_KEY = secrets.token_hex(16)
+NOTIFY_SECRET = "notify" + secrets.token_hex(16)
+SMTP_PASSWORD = "smtppw" + secrets.token_hex(16)
 SECRETS = {"SLACK_BOT_TOKEN": TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET,
-           "Redis password": REDIS_PASSWORD, "COSTLINE_WEBHOOK_SECRET": WEBHOOK_SECRET}
+           "Redis password": REDIS_PASSWORD, "COSTLINE_WEBHOOK_SECRET": WEBHOOK_SECRET,
+           "PagerDuty routing key": PAGERDUTY_KEY, "notify webhook secret": NOTIFY_SECRET,
+           "SMTP password": SMTP_PASSWORD}
 PIECE = 12
 RULES = """
 rules:
   - name: secret-daily
     kind: budget
-    match: {team: vault}
+    match: {{team: vault}}
     group_by: [team]
     period: day
     limit: 100
     warn_at: [0.5]
     severity: warning
-    notify: {slack: "#ml-budgets"}
+    notify:
+      slack: "#ml-budgets"
+      pagerduty: {{routing_key_env: PD_VAULT_KEY}}
+      webhook: {{url: "{webhook}", secret_env: VAULT_HOOK_SECRET}}
+      email: [vault@example.com]
   - name: vault-idle
     kind: idle
-    match: {team: vault}
+    match: {{team: vault}}
     group_by: [team]
     metric: gpu_util
     below: 0.05
     for: 2m
-    reclaim: {connector: webhook, url: "http://127.0.0.1:9/release", grace: 1h}
-    notify: {slack: "#ml-budgets"}
+    reclaim: {{connector: webhook, url: "http://127.0.0.1:9/release", grace: 1h}}
+    notify: {{slack: "#ml-budgets"}}
 """
 
 
@@ -143,6 +158,37 @@ def slack() -> Iterator[TokenSlack]:
     server.start()
     yield server
     server.stop()
+
+
+class Others:
+    """The other channels' receiving ends, and the worker's environment that reaches them."""
+
+    def __init__(self, pagerduty: LocalPagerDuty, webhook: WebhookReceiver, mailbox: Mailbox,
+                 env: dict[str, str]) -> None:
+        self.pagerduty, self.webhook, self.mailbox, self.env = pagerduty, webhook, mailbox, env
+
+    def all_got_it(self) -> bool:
+        return bool(self.pagerduty.accepted() and self.webhook.accepted()
+                    and self.mailbox.received)
+
+
+@pytest.fixture
+def others(tmp_path: Path) -> Iterator[Others]:
+    pagerduty = LocalPagerDutyThread()
+    webhook = WebhookReceiverThread(NOTIFY_SECRET)
+    mailbox = Mailbox()
+    with smtp_server(tmp_path, "starttls", mailbox, SMTP_PASSWORD) as (port, ca_file):
+        env = {"COSTLINE_PAGERDUTY_URL": pagerduty.start(), "PD_VAULT_KEY": PAGERDUTY_KEY,
+               "VAULT_HOOK_SECRET": NOTIFY_SECRET, "WEBHOOK_URL": webhook.start(),
+               "COSTLINE_SMTP_HOST": "127.0.0.1", "COSTLINE_SMTP_PORT": str(port),
+               "COSTLINE_SMTP_USERNAME": USER, "COSTLINE_SMTP_PASSWORD": SMTP_PASSWORD,
+               "COSTLINE_SMTP_CA_FILE": str(ca_file)}
+        assert pagerduty.server is not None
+        try:
+            yield Others(pagerduty.server, webhook.receiver, mailbox, env)
+        finally:
+            pagerduty.stop()
+            webhook.stop()
 
 
 def wait(condition: Callable[[], Any], what: str, worker: Worker, timeout: float = 120.0) -> Any:
@@ -222,17 +268,18 @@ def steps(bootstrap: str, topic: str) -> set[str]:
     return {json.loads(record.value).get("step") for record in read_all(bootstrap, topic, 2)}
 
 
-def test_no_secret_reaches_the_log_metrics_health_kafka_or_slack(
+def test_no_secret_reaches_the_log_metrics_health_kafka_or_any_channel(
         kafka_bootstrap: str, kafka_namespace: str, password_redis: PasswordRedis,
-        slack: TokenSlack, tmp_path: Path) -> None:
+        slack: TokenSlack, others: Others, tmp_path: Path) -> None:
     namespace = kafka_namespace
     rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
+    rules.write_text(RULES.format(webhook=others.env.pop("WEBHOOK_URL")))
     env = worker_env(namespace, kafka_bootstrap, password_redis.url,
                      COSTLINE_RULES=str(rules), COSTLINE_RULES_TICK_S="2",
                      COSTLINE_STATE_DIR=str(tmp_path / "state"),
                      SLACK_BOT_TOKEN=TOKEN, SLACK_API_URL=slack.start_url,
-                     SLACK_SIGNING_SECRET=SIGNING_SECRET, COSTLINE_WEBHOOK_SECRET=WEBHOOK_SECRET)
+                     SLACK_SIGNING_SECRET=SIGNING_SECRET, COSTLINE_WEBHOOK_SECRET=WEBHOOK_SECRET,
+                     **others.env)
     port = env["COSTLINE_WEB_PORT"]
     create_topics(Settings(kafka_bootstrap=kafka_bootstrap, namespace=namespace, partitions=2))
     server = slack.server
@@ -249,6 +296,8 @@ def test_no_secret_reaches_the_log_metrics_health_kafka_or_slack(
         root = wait(lambda: next(iter(server.messages("ml-budgets")), None),
                     "the alert in Slack", worker)
         assert "secret-daily" in root.text
+        wait(others.all_got_it, "the alert on PagerDuty, the webhook and in email", worker)
+        assert others.mailbox.logins == [("PLAIN", True)] * len(others.mailbox.logins)
 
         status, answer = press(port, root, server.channel("ml-budgets").id, SIGNING_SECRET)
         assert status == 200 and "Snoozing" in answer, answer
@@ -303,6 +352,9 @@ def test_no_secret_reaches_the_log_metrics_health_kafka_or_slack(
         [[call.method, call.params, call.error] for call in server.calls], default=str)
     captured["Slack messages"] = json.dumps(
         [[m.text, m.blocks, [r.text for r in m.replies]] for m in server.messages("ml-budgets")])
+    captured["PagerDuty events"] = json.dumps([e.body for e in others.pagerduty.events])
+    captured["webhook payloads"] = json.dumps([r.payload for r in others.webhook.received])
+    captured["email"] = "\n".join(r.message.as_string() for r in others.mailbox.received)
 
     assert leaks(captured) == []
 

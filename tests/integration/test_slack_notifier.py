@@ -21,6 +21,9 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from costline.connectors.delivery_ledger import DeliveryLedger, ThreadRef
+from costline.connectors.notify import DeliveryError
+from costline.connectors.notify.slack import SlackNotifier
 from costline.connectors.redis_client import AsyncRedisClient, connect_async
 from costline.connectors.slack_actions import (
     ActionRequest,
@@ -29,9 +32,7 @@ from costline.connectors.slack_actions import (
     add_actions_route,
     make_actions_handler,
 )
-from costline.connectors.slack_ledger import SlackLedger, ThreadRef
 from costline.connectors.slack_render import KEEP_ACTION
-from costline.connectors.slack_sender import DeliveryError, SlackNotifier
 from costline.connectors.slack_server import LocalSlack, channel_id
 from tests.integration.streamkit import configured_or_private_redis
 
@@ -93,8 +94,8 @@ async def redis_client(any_redis_url: str) -> AsyncIterator[AsyncRedisClient]:
 
 
 @pytest.fixture
-def ledger(redis_client: AsyncRedisClient, namespace: str) -> SlackLedger:
-    return SlackLedger(redis_client, namespace=namespace)
+def ledger(redis_client: AsyncRedisClient, namespace: str) -> DeliveryLedger:
+    return DeliveryLedger(redis_client, namespace=namespace)
 
 
 @pytest.fixture
@@ -104,7 +105,7 @@ async def slack() -> AsyncIterator[LocalSlack]:
         yield server
 
 
-def make_notifier(slack: LocalSlack, ledger: SlackLedger, **options: Any) -> SlackNotifier:
+def make_notifier(slack: LocalSlack, ledger: DeliveryLedger, **options: Any) -> SlackNotifier:
     settings: dict[str, Any] = {"token": TOKEN, "ledger": ledger, "fallback_channel": "#alerts",
                                 "base_url": slack.url, "min_interval_s": 0.0,
                                 "retry_backoff_s": 0.05}
@@ -113,7 +114,7 @@ def make_notifier(slack: LocalSlack, ledger: SlackLedger, **options: Any) -> Sla
 
 
 @pytest.fixture
-async def notifier(slack: LocalSlack, ledger: SlackLedger) -> AsyncIterator[SlackNotifier]:
+async def notifier(slack: LocalSlack, ledger: DeliveryLedger) -> AsyncIterator[SlackNotifier]:
     async with make_notifier(slack, ledger) as built:
         yield built
 
@@ -125,7 +126,7 @@ async def test_first_change_posts_one_message_with_blocks_and_text(
         notifier: SlackNotifier, slack: LocalSlack) -> None:
     [delivery] = await notifier.deliver([record()])
     [message] = slack.messages("ml-platform")
-    assert delivery.outcome == "posted" and delivery.ts == message.ts
+    assert delivery.outcome == "posted" and delivery.ref == message.ts
     assert message.text == ("[WARNING] team-monthly · team=pretrain: "
                             "$8,123.45 crossed warn_80 ($8,000.00)")
     assert message.blocks[0]["text"]["text"] == ":warning: team-monthly"
@@ -175,7 +176,7 @@ async def test_an_older_change_arriving_late_does_not_overwrite_a_newer_one(
 
 
 async def test_a_restarted_notifier_does_not_repost(slack: LocalSlack,
-                                                    ledger: SlackLedger) -> None:
+                                                    ledger: DeliveryLedger) -> None:
     async with make_notifier(slack, ledger) as before:
         await before.deliver([record()])
     async with make_notifier(slack, ledger) as after:
@@ -186,7 +187,7 @@ async def test_a_restarted_notifier_does_not_repost(slack: LocalSlack,
 
 
 async def test_death_between_slacks_ok_and_the_marker_is_counted_ambiguous(
-        slack: LocalSlack, ledger: SlackLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+        slack: LocalSlack, ledger: DeliveryLedger, monkeypatch: pytest.MonkeyPatch) -> None:
     async with make_notifier(slack, ledger) as doomed:
         async def crash(*args: object) -> None:
             raise SystemExit("killed after Slack said ok")
@@ -204,7 +205,7 @@ async def test_death_between_slacks_ok_and_the_marker_is_counted_ambiguous(
 
 
 async def test_a_reply_slack_refused_is_retried_without_doubt(
-        slack: LocalSlack, ledger: SlackLedger, notifier: SlackNotifier) -> None:
+        slack: LocalSlack, ledger: DeliveryLedger, notifier: SlackNotifier) -> None:
     await notifier.deliver([record()])
     escalated = record(**ESCALATED)
     slack.fail_next(5, method="chat.postMessage", status=500)
@@ -217,7 +218,7 @@ async def test_a_reply_slack_refused_is_retried_without_doubt(
 
 
 async def test_an_interrupted_thread_reply_is_resent_and_marked(
-        slack: LocalSlack, ledger: SlackLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+        slack: LocalSlack, ledger: DeliveryLedger, monkeypatch: pytest.MonkeyPatch) -> None:
     async with make_notifier(slack, ledger) as doomed:
         await doomed.deliver([record()])
         finish = ledger.finish
@@ -256,7 +257,7 @@ async def test_retry_after_is_honoured_and_the_message_still_arrives(
 
 
 async def test_rate_limited_past_the_retries_asks_for_redelivery(
-        slack: LocalSlack, ledger: SlackLedger) -> None:
+        slack: LocalSlack, ledger: DeliveryLedger) -> None:
     slack.rate_limit_next(2, retry_after=1, method="chat.postMessage")
     async with make_notifier(slack, ledger, rate_limit_retries=1) as notifier:
         with pytest.raises(DeliveryError):
@@ -278,13 +279,13 @@ async def test_server_errors_are_retried_with_backoff(notifier: SlackNotifier,
 async def test_unknown_channel_falls_back_instead_of_losing_the_alert(
         notifier: SlackNotifier, slack: LocalSlack) -> None:
     [delivery] = await notifier.deliver([record(notify={"slack": "#no-such-channel"})])
-    assert delivery.channel == channel_id("alerts")
+    assert delivery.destination == channel_id("alerts")
     assert len(slack.messages("alerts")) == 1
     assert notifier.stats["fallbacks"] == 1
 
 
 async def test_invalid_token_fails_without_leaking_it(
-        slack: LocalSlack, ledger: SlackLedger, caplog: pytest.LogCaptureFixture) -> None:
+        slack: LocalSlack, ledger: DeliveryLedger, caplog: pytest.LogCaptureFixture) -> None:
     secret = "xoxb-revoked-9d2e41"
     caplog.set_level(logging.DEBUG)
     async with make_notifier(slack, ledger, token=secret) as notifier:
@@ -326,7 +327,7 @@ async def test_a_burst_for_one_channel_becomes_one_digest_thread(
 
 
 async def test_route_by_tag_picks_the_owners_channel(slack: LocalSlack,
-                                                     ledger: SlackLedger) -> None:
+                                                     ledger: DeliveryLedger) -> None:
     routes = {"infra-team": "#ml-infra"}
     notify = {"slack": "#ml-platform", "route_by_tag": "owner"}
     async with make_notifier(slack, ledger, channel_by_tag_value=routes) as notifier:
@@ -339,7 +340,7 @@ async def test_route_by_tag_picks_the_owners_channel(slack: LocalSlack,
 
 
 async def test_at_most_one_message_per_second_per_channel(slack: LocalSlack,
-                                                          ledger: SlackLedger) -> None:
+                                                          ledger: DeliveryLedger) -> None:
     async with make_notifier(slack, ledger, min_interval_s=1.0) as notifier:
         await notifier.deliver([record(f"r/{i}") for i in range(3)])
     times = [c.at for c in slack.calls_to("chat.postMessage")]
@@ -349,7 +350,7 @@ async def test_at_most_one_message_per_second_per_channel(slack: LocalSlack,
 
 async def test_without_a_token_the_text_is_logged_and_nothing_sent(
         slack: LocalSlack, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="costline.connectors.slack_sender")
+    caplog.set_level(logging.INFO, logger="costline.connectors.notify.slack")
     async with SlackNotifier(token=None, ledger=None, fallback_channel="#alerts",
                              base_url=slack.url) as notifier:
         [delivery] = await notifier.deliver([record()])
@@ -366,8 +367,9 @@ async def test_a_malformed_record_is_refused_not_retried(notifier: SlackNotifier
 async def test_a_note_from_a_button_updates_the_root_and_replies(
         notifier: SlackNotifier, slack: LocalSlack) -> None:
     [delivery] = await notifier.deliver([record()])
-    assert delivery.channel and delivery.ts
-    await notifier.annotate(delivery.channel, delivery.ts, ":no_bell: Snoozed for 4h by <@U042>")
+    assert delivery.destination and delivery.ref
+    await notifier.annotate(delivery.destination, delivery.ref,
+                            ":no_bell: Snoozed for 4h by <@U042>")
     await notifier.deliver([record(**ESCALATED)])
     [root] = slack.messages("ml-platform")
     assert root.blocks[-1]["elements"][-1]["text"] == ":no_bell: Snoozed for 4h by <@U042>"
@@ -410,7 +412,7 @@ async def test_pressing_keep_notes_who_on_the_alert_message(
     idle = record("idle-gpus/77c2d1", kind="idle", value="0.020000", threshold="0.050000",
                   line="idle", lines=[{"name": "idle", "value": "0.050000"}], reclaim=reclaim)
     [delivery] = await notifier.deliver([idle])
-    assert delivery.channel and delivery.ts
+    assert delivery.destination and delivery.ref
     [root] = slack.messages("ml-platform")
     keep = next(e for b in root.blocks if b["type"] == "actions" for e in b["elements"]
                 if e["action_id"] == KEEP_ACTION)
@@ -420,7 +422,7 @@ async def test_pressing_keep_notes_who_on_the_alert_message(
     app = web.Application()
     add_actions_route(app, handler)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        body, headers = signed_press("signing-secret", delivery.ts, delivery.channel,
+        body, headers = signed_press("signing-secret", delivery.ref, delivery.destination,
                                      keep["value"])
         assert (await client.post("/slack/actions", data=body, headers=headers)).status == 200
         await handler.drain()
@@ -442,7 +444,7 @@ async def test_a_ledger_written_before_its_hash_tag_is_taken_over_on_a_single_re
     await client.hset(f"{old}:root:C0ALERTS:1700000000.000100", f"m:{alert}", json.dumps(entry))
     await client.hset(f"{old}:change:{alert}:warn_80", "root", "done 1700000000.000100")
     await client.hset(f"{old}:counts", "ambiguous", 2)
-    ledger = SlackLedger(client, namespace)
+    ledger = DeliveryLedger(client, namespace)
     try:
         ref = await ledger.thread(alert)
         assert ref == ThreadRef("C0ALERTS", "1700000000.000100")
@@ -468,7 +470,7 @@ async def test_a_ledger_that_cannot_be_reached_asks_for_redelivery(slack: LocalS
     unreachable = aioredis.from_url(f"redis://127.0.0.1:{free_port()}/0",
                                     socket_connect_timeout=1)
     try:
-        async with make_notifier(slack, SlackLedger(unreachable)) as notifier:
+        async with make_notifier(slack, DeliveryLedger(unreachable)) as notifier:
             with pytest.raises(DeliveryError, match="ledger is unavailable"):
                 await notifier.deliver([record()])
     finally:

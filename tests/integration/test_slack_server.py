@@ -15,7 +15,8 @@ import pytest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from costline.connectors.slack_server import LocalSlack, channel_id, render_terminal
+from costline.connectors.slack_blocks import render_terminal
+from costline.connectors.slack_server import LocalSlack, channel_id
 
 TOKEN = "xoxb-test-0000-secret"
 SECTION = {"type": "section", "text": {"type": "mrkdwn", "text": "*hello*"}}

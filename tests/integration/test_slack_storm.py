@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import redis
 
+from costline.connectors.delivery_ledger import DeliveryLedger
+from costline.connectors.notify.slack import SlackNotifier
 from costline.connectors.redis_client import connect_async
-from costline.connectors.slack_ledger import SlackLedger
-from costline.connectors.slack_sender import SlackNotifier
 from costline.connectors.slack_server import (
     DEFAULT_TOKEN,
     LocalSlack,
@@ -77,9 +77,9 @@ async def slack() -> AsyncIterator[LocalSlack]:
 
 
 @pytest.fixture
-async def ledger(redis_url: str, namespace: str) -> AsyncIterator[SlackLedger]:
+async def ledger(redis_url: str, namespace: str) -> AsyncIterator[DeliveryLedger]:
     client = connect_async(redis_url)
-    yield SlackLedger(client, namespace)
+    yield DeliveryLedger(client, namespace)
     await client.aclose()
 
 
@@ -95,7 +95,7 @@ BURST = [
 
 
 async def test_a_429_storm_delays_every_alert_past_retry_after_and_loses_none(
-        slack: LocalSlack, ledger: SlackLedger) -> None:
+        slack: LocalSlack, ledger: DeliveryLedger) -> None:
     firing = [record(rule, team, channel, f"{8100 + i}.000000")
               for i, (rule, team, channel) in enumerate(BURST)]
     escalated = [record(rule, team, channel, f"{10100 + i}.000000", line="limit",

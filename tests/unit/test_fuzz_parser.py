@@ -31,8 +31,8 @@ from costline.rules.events import (
 from costline.rules.prices import PriceBook, PricingError
 from costline.streams.settings import DEFAULT_PRICES, Settings
 from costline.streams.topics import topic_specs
-from costline.streams.worker.app import faust_app
 from costline.streams.worker.dead_letters import dead_letter
+from costline.streams.worker.faust_app import faust_app
 
 NOW = 1_796_025_600.0  # 2026-11-30T08:00:00Z
 CODES = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from costline.connectors.slack_render import _parse as parse_change
+from costline.connectors.alert_change import _parse as parse_change
 from costline.connectors.slack_render import fallback_text, render_alert
 from costline.streams.worker.reclaim_alerts import cap_breach_alert, is_cap_breach
 

@@ -1,6 +1,7 @@
-"""Every registered plug-in — each rule kind, each reclaim connector — walked the same way: its
-documented example loads, a finding of it renders in Slack, and the JSON Schema accepts the
-example and nothing more. A new kind or connector is covered here without a line added."""
+"""Every registered plug-in — each rule kind, reclaim connector and notifier — walked the same
+way: its documented example loads, a finding of it renders in Slack, and the JSON Schema
+accepts the example and nothing more. A new kind, connector or notifier is covered here
+without a line added."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import pytest
 from jsonschema import Draft202012Validator
 from ruamel.yaml import YAML
 
+from costline.connectors.notify import NOTIFIERS
 from costline.connectors.plugins import PLUGINS
 from costline.connectors.reclaim import RECLAIMERS
+from costline.connectors.slack_blocks import block_errors
 from costline.connectors.slack_render import AlertChange, render_alert
-from costline.connectors.slack_server import block_errors
 from costline.rules.engine import Engine
 from costline.rules.findings import Finding, Line, ReclaimRequest
 from costline.rules.kinds import KINDS, Rule
@@ -28,12 +30,15 @@ from costline.rules.registry import Registry, example_of
 from tests.unit.rulefiles.builders import HOUR, T0, book, state
 
 ROOT = Path(__file__).parents[2]
-ELEMENTS = [("kind", name) for name in KINDS] + [("connector", name) for name in RECLAIMERS]
+ELEMENTS = ([("kind", name) for name in KINDS] + [("connector", name) for name in RECLAIMERS]
+            + [("notifier", name) for name in NOTIFIERS])
 SCHEMA = rules_json_schema(PLUGINS)
+FAMILIES: dict[str, Registry[Any]] = {"kind": KINDS, "connector": RECLAIMERS,
+                                      "notifier": NOTIFIERS}
 
 
 def registered(family: str, name: str) -> type[Any]:
-    return KINDS[name] if family == "kind" else RECLAIMERS[name]
+    return FAMILIES[family][name]
 
 
 def example(family: str, name: str) -> str:
@@ -57,10 +62,18 @@ def text_of(data: Any) -> str:
     return out.getvalue()
 
 
-def element_keys(family: str, data: Any) -> dict[str, Any]:
-    """The keys the element itself defines: the rule, or its ``reclaim`` block."""
+def element_keys(family: str, data: Any, name: str = "") -> dict[str, Any]:
+    """The keys the element itself defines: the rule, its ``reclaim`` block, or its
+    notifier's keys under ``notify`` (a shorthand written out as the mapping it stands for)."""
     rule: dict[str, Any] = data["rules"][0]
-    return rule if family == "kind" else rule["reclaim"]
+    if family == "kind":
+        return rule
+    if family == "connector":
+        return rule["reclaim"]  # type: ignore[no-any-return]
+    notify = rule["notify"]
+    if not isinstance(notify[name], dict):
+        notify[name] = {NOTIFIERS[name].params_model.shorthand: notify[name]}
+    return notify[name]  # type: ignore[no-any-return]
 
 
 def finding_of(rule: Rule) -> Finding:
@@ -92,6 +105,16 @@ def test_the_documented_example_loads(family: str, name: str) -> None:
     if family == "kind":
         assert rule.kind == name
         return
+    if family == "notifier":
+        assert rule.notify is not None
+        data = data_of(example(family, name))
+        written = element_keys(family, data, name)
+        channels = data["rules"][0]["notify"].get("channels")  # Slack's by_tag, written apart
+        if channels:
+            written = {**written, "by_tag": channels}
+        model = NOTIFIERS[name].params_model
+        assert rule.notify.notifiers[name] == model.model_validate(written)
+        return
     assert isinstance(rule, IdleRule) and rule.reclaim is not None
     assert rule.reclaim.connector == name
     written = element_keys(family, data_of(example(family, name)))
@@ -112,6 +135,8 @@ def test_a_finding_of_the_example_renders_in_slack(family: str, name: str) -> No
     assert block_errors(blocks) == []
     if family == "connector":
         assert "*What happens next*" in json.dumps(blocks)
+    if family == "notifier":
+        assert change["notify"] and name in change["notify"]
 
 
 @pytest.mark.parametrize(("family", "name"), ELEMENTS, ids=lambda x: x)
@@ -123,9 +148,10 @@ def test_the_schema_accepts_the_example(family: str, name: str) -> None:
 @pytest.mark.parametrize(("family", "name"), ELEMENTS, ids=lambda x: x)
 def test_the_schema_and_the_loader_refuse_an_extra_key(family: str, name: str) -> None:
     data = data_of(example(family, name))
-    element_keys(family, data)["surprise"] = 1
+    element_keys(family, data, name)["surprise"] = 1
     assert not Draft202012Validator(SCHEMA).is_valid(data)
-    where = r"rules\.0\." + ("" if family == "kind" else r"reclaim\.")
+    where = r"rules\.0\." + {"kind": "", "connector": r"reclaim\.",
+                              "notifier": rf"notify\.{name}\."}[family]
     with pytest.raises(RulesInvalid, match=where + "surprise: Extra inputs are not permitted"):
         load_rule_text(text_of(data), plugins=PLUGINS)
 
@@ -159,6 +185,16 @@ def test_every_connector_in_the_schema_takes_exactly_its_own_parameters() -> Non
             "connector", "grace", *connector.params_model.model_fields}
 
 
+def test_every_notifier_in_the_schema_takes_exactly_its_own_parameters() -> None:
+    notify = SCHEMA["$defs"]["Notify"]["properties"]
+    assert sorted(set(notify) - {"route_by_tag", "channels"}) == sorted(NOTIFIERS)
+    for name, notifier in NOTIFIERS.items():
+        options = notify[name].get("anyOf", [notify[name]])
+        [keys] = [o for o in options if o.get("type") == "object"]
+        assert set(keys["properties"]) == set(notifier.params_model.model_fields)
+        assert keys["additionalProperties"] is False
+
+
 def test_slack_rendering_names_no_kind() -> None:
     """Rendering reads what a kind needs from the registered kind, never from a list."""
     source = (ROOT / "connectors" / "slack_render.py").read_text()
@@ -181,10 +217,12 @@ def test_the_registries_are_whole_whatever_was_imported() -> None:
 
 
 def test_every_module_of_a_plugin_folder_registers_something() -> None:
-    """A file in ``rules/kinds/`` or ``connectors/reclaim/`` is a plug-in (helpers start
-    with ``_``), so none can be forgotten by the registry that discovers them."""
+    """A file in ``rules/kinds/``, ``connectors/reclaim/`` or ``connectors/notify/`` is a
+    plug-in (helpers start with ``_``), so none can be forgotten by the registry that
+    discovers them."""
     for folder, registry in ((ROOT / "rules" / "kinds", KINDS),
-                             (ROOT / "connectors" / "reclaim", RECLAIMERS)):
+                             (ROOT / "connectors" / "reclaim", RECLAIMERS),
+                             (ROOT / "connectors" / "notify", NOTIFIERS)):
         modules = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
         defined_in = {registry[name].__module__.rsplit(".", 1)[1] for name in registry}
         assert modules == defined_in, folder

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from costline.connectors.notify.slack import SlackNotifier
+from costline.connectors.slack_blocks import block_errors
 from costline.connectors.slack_render import AlertChange, message_for, render_change_reply
-from costline.connectors.slack_sender import SlackNotifier
-from costline.connectors.slack_server import block_errors
 from costline.rules.alerts import FIELD_ORDER, AlertBook
 from costline.rules.engine import Engine
 from costline.rules.loader import RuleSet

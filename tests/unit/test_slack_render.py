@@ -12,19 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costline.connectors.alert_change import AlertChange, InvalidAlertRecord
+from costline.connectors.slack_blocks import block_errors, plain
 from costline.connectors.slack_render import (
     APPROVE_ACTION,
     DIGEST_MENU_ACTION,
     KEEP_ACTION,
-    AlertChange,
-    InvalidAlertRecord,
-    money,
     render_alert,
     render_change_reply,
     render_digest,
     usage_bar,
 )
-from costline.connectors.slack_server import block_errors, plain
+from costline.rules.money import money
 
 NOVEMBER = {"start": "2026-11-01T00:00:00Z", "end": "2026-12-01T00:00:00Z"}
 

@@ -1,0 +1,50 @@
+"""The worker's Faust app, as the settings make it: brokers, credentials, and the few knobs of
+Faust's that the worker's load needs."""
+
+from __future__ import annotations
+
+import faust
+
+from costline.connectors.kafka import MAX_MESSAGE_BYTES
+from costline.streams.settings import Settings
+
+
+def faust_broker(bootstrap: str) -> list[str]:
+    return [f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()]
+
+
+def faust_app(settings: Settings) -> faust.App:
+    """The worker's Faust app: intake, the notifier, timers and pages."""
+    datadir = settings.state_dir / "faust" / settings.namespace
+    datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
+    return faust.App(
+        f"{settings.namespace}-aggregator",
+        broker=faust_broker(settings.kafka_bootstrap),
+        # TLS and SASL for Faust's consumer, producer and topic creation alike.
+        broker_credentials=settings.kafka_security().faust_credentials(),
+        store="memory://",
+        datadir=str(datadir),
+        web_port=settings.web_port,
+        web_host="0.0.0.0",
+        autodiscover=False,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.kafka_session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.kafka_session_timeout_s / 3),
+        broker_rebalance_timeout=settings.kafka_rebalance_timeout_s,
+        topic_partitions=settings.partitions,
+        topic_allow_declare=True,
+        producer_acks=-1,
+        producer_compression_type="lz4",
+        # A take's ledger records and dead letters are sent together.
+        producer_linger_ms=5,
+        # The dead letter of a refused 10,000-event batch is a few MiB (topics allow 16 MiB).
+        producer_max_request_size=MAX_MESSAGE_BYTES,
+        # Messages Faust buffers ahead of the agent. 100-event batches are ~33 KB each, so
+        # its default of 4,096 could hold 130 MiB; a few takes ahead keep the agent busy.
+        stream_buffer_maxsize=max(1024, settings.batch_messages * 4),
+        # Compressed bytes fetched ahead per partition: Kafka's own 1 MiB, not Faust's 4 MiB,
+        # so a worker owning 24 partitions holds at most 24 MiB of them.
+        consumer_max_fetch_size=settings.fetch_bytes,
+        broker_commit_every=max(10_000, settings.batch_messages * 4),
+        web_in_thread=False,
+    )

@@ -1,0 +1,26 @@
+"""What each series of a worker's ``/metrics`` means (its ``# HELP`` line)."""
+
+DESCRIPTIONS: dict[str, str] = {
+    "messages_total": "input messages taken from Kafka",
+    "entries_total": "events of accepted input messages sent to the ledger",
+    "events_total": "events counted into Redis",
+    "rejected_total": "input messages sent to the dead-letter topic, by reason",
+    "batches_total": "Redis batch writes applied",
+    "events_duplicate_total": "events ignored because their id was counted",
+    "ledger_records_replayed_total": "ledger records skipped as already applied",
+    "ledger_records_unreadable_total": "ledger records that were not ledger records",
+    "redis_apply_seconds": "latency of one batch write to Redis",
+    "evaluations_total": "rule evaluations run",
+    "alert_changes_total": "alert state changes published",
+    "notifier_deliveries_total": "alert changes handled by each notifier, by outcome "
+                                 "(docs/NOTIFY.md)",
+    "evaluation_seconds": "latency of one evaluation (every rule on the tick; between "
+                          "ticks, the rules new data can change)",
+    "input_lag": "input messages not yet priced into the ledger",
+    "consumer_lag": "ledger records not yet applied to Redis",
+    "tagsets_known": "tag sets the worker knows Redis holds, so does not send again "
+                     "(one budget over its partitions)",
+    "unwritten_events": "events folded and not yet written to Redis, over the "
+                        "worker's partitions (at most COSTLINE_UNWRITTEN_EVENTS and one "
+                        "window)",
+}
