@@ -60,7 +60,9 @@ def test_the_worker_holds_a_pending_job_and_the_command_line_lifts_it(
         services: Any, kafka_namespace: str, tmp_path: Path, slurm: SlurmCluster,  # noqa: F811
         slurm_account: str) -> None:  # noqa: F811
     account = slurm_account
-    queued = slurm.submit("queued", 600, f"--account={account}", "--begin=now+3")
+    # Far enough ahead that the job is still pending however slowly the worker starts; once
+    # held, its begin time is brought forward, so only the hold keeps it from running.
+    queued = slurm.submit("queued", 600, f"--account={account}", "--begin=now+600")
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     env = worker_env(kafka_namespace, services.bootstrap, services.redis_url,
@@ -75,6 +77,10 @@ def test_the_worker_holds_a_pending_job_and_the_command_line_lifts_it(
         produce(services.bootstrap, f"{kafka_namespace}.usage.v1", _spend(account))
         _wait_for(lambda: any(r["step"] == "executed"
                               for r in _records(services.bootstrap, actions)), 90, "the hold")
+        assert slurm.reason(queued) == "PENDING JobHeldAdmin"
+        subprocess.run(["scontrol", "update", f"JobId={queued}", "StartTime=now"],
+                       check=True, capture_output=True, timeout=30)
+        time.sleep(3)  # two of CI's backfill cycles
         assert slurm.reason(queued) == "PENDING JobHeldAdmin"
         changes = [c for c in _records(services.bootstrap, alerts)
                    if c["alert_id"] == f"account-daily/enforce/team={account}"]
