@@ -7,7 +7,8 @@ them; every command and the worker hand ``PLUGINS`` to the loader and the JSON S
 
 from __future__ import annotations
 
+from costline.connectors.checkpoints import CHECKPOINT_CONNECTORS
 from costline.connectors.reclaim import RECLAIMERS
 from costline.rules.plugins import Plugins
 
-PLUGINS = Plugins(reclaimers=RECLAIMERS)
+PLUGINS = Plugins(reclaimers=RECLAIMERS, checkpoint_connectors=CHECKPOINT_CONNECTORS)

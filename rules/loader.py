@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.json_schema import models_json_schema
 
 from costline.rules.kinds import KINDS, Rule
+from costline.rules.kinds.checkpoint_lifecycle import acts_json_schema
 from costline.rules.kinds.idle import reclaim_json_schema
 from costline.rules.plugins import CONTEXT_KEY, NO_PLUGINS, Plugins
 from costline.rules.yaml_source import Document, SourceError, SourceInvalid, load_document
@@ -194,8 +195,8 @@ def _duplicate_names(loaded: Sequence[LoadedRule]) -> list[SourceError]:
 
 
 def rules_json_schema(plugins: Plugins = NO_PLUGINS) -> dict[str, Any]:
-    """The JSON Schema of a rule file: ``rules`` items are ``oneOf`` the registered kinds, and
-    ``reclaim`` is ``oneOf`` the connectors in ``plugins``."""
+    """The JSON Schema of a rule file: ``rules`` items are ``oneOf`` the registered kinds,
+    ``reclaim`` is ``oneOf`` the connectors in ``plugins``, and so is ``act``."""
     models = list(KINDS.items())
     _, top = models_json_schema(
         [(model, "validation") for _, model in models],
@@ -205,6 +206,8 @@ def rules_json_schema(plugins: Plugins = NO_PLUGINS) -> dict[str, Any]:
     defs = top.get("$defs", {})
     if "Reclaim" in defs:
         defs["Reclaim"] = reclaim_json_schema(plugins.reclaimers)
+    if "CheckpointActs" in defs:
+        defs["CheckpointActs"] = acts_json_schema(plugins.checkpoint_connectors)
     refs = {name: {"$ref": f"#/$defs/{model.__name__}"} for name, model in models}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

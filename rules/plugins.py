@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationInfo
 
+from costline.rules.lifecycle_params import CheckpointActor
 from costline.rules.reclaim_params import Reclaimer
 
 CONTEXT_KEY = "plugins"
@@ -30,6 +31,8 @@ class Plugins:
 
     reclaimers: Mapping[str, type[Reclaimer]] = field(default_factory=dict)
     """``reclaim: {connector: NAME}`` → the connector, which carries its parameter model."""
+    checkpoint_connectors: Mapping[str, type[CheckpointActor]] = field(default_factory=dict)
+    """``act: {connector: NAME}`` of a ``checkpoint_lifecycle`` rule → the connector."""
 
 
 NO_PLUGINS = Plugins()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from costline.rules.kinds import KINDS, Rule
+from costline.rules.lifecycle_params import CheckpointParams
 from costline.rules.loader import rules_json_schema
 from costline.rules.plugins import Plugins
 from costline.rules.reclaim_params import ReclaimParams
@@ -57,7 +58,28 @@ def reference_markdown(plugins: Plugins) -> str:
         parts += [f"### `{name}`\n", option["description"] + "\n"]
         parts += [_table(option, own, noun="parameter")] if own else []
         parts += [_example(connector)]
-    return "\n".join(parts)
+    return "\n".join(parts + _checkpoint_connectors(plugins, defs))
+
+
+def _checkpoint_connectors(plugins: Plugins, defs: Mapping[str, Any]) -> list[str]:
+    """The ``act:`` connectors of ``checkpoint_lifecycle`` rules, as reclaim's are shown."""
+    options = {o["properties"]["connector"]["const"]: o
+               for o in defs.get("CheckpointActs", {}).get("oneOf", [])}
+    if not options:
+        return []
+    common = ("connector", "grace", *CheckpointParams.model_fields)
+    first = next(iter(options.values()))
+    parts = ["## Checkpoint connectors\n",
+             "`act:` of a `checkpoint_lifecycle` rule names a connector; every connector "
+             "takes these keys besides its own:\n",
+             _table(first, [k for k in common if k in first["properties"]])]
+    for name, connector in plugins.checkpoint_connectors.items():
+        option = options[name]
+        own = [key for key in option["properties"] if key not in common]
+        parts += [f"### `{name}`\n", option["description"] + "\n"]
+        parts += [_table(option, own, noun="parameter")] if own else []
+        parts += [_example(connector)]
+    return parts
 
 
 def _own(key: str, node: Mapping[str, Any], common: Mapping[str, Any]) -> bool:
