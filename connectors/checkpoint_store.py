@@ -45,7 +45,7 @@ class CheckpointStore:
     def _pins(self) -> str:
         return f"{self._p}:pins"
 
-    def record(self, change: Change) -> None:
+    def record_change(self, change: Change) -> None:
         """Remember a move or a deletion (idempotent: the same change is kept once)."""
         member = json.dumps(asdict(change), sort_keys=True, separators=(",", ":"))
         pipe = self.redis.pipeline(transaction=False)

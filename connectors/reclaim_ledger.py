@@ -240,9 +240,12 @@ return 1
 class RedisReclaimLedger:
     """The ledger every worker of a namespace shares."""
 
-    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline") -> None:
+    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline",
+                 family: str = "reclaim") -> None:
+        """``family`` names the hash tag of the keys: ``reclaim`` for idle resources,
+        ``checkpoints`` for the checkpoint lifecycle, whose plans live apart."""
         self._redis = redis
-        self._p = f"{{{namespace}:reclaim}}"
+        self._p = f"{{{namespace}:{family}}}"
         self._open = redis.register_script(_OPEN)
         self._unplanned = redis.register_script(_UNPLANNED)
         self._advance = redis.register_script(_ADVANCE)

@@ -80,7 +80,7 @@ def _saving(plan: Plan) -> dict[str, str]:
 def _detail(plan: Plan) -> dict[str, Any]:
     target = plan.target
     return {"action": target.get("action"), "to_tier": target.get("to_tier") or None,
-            "run": target.get("run"), "step": target.get("step"),
+            "run": target.get("run"), "checkpoint_step": target.get("step"),
             "location": target.get("location"), **_saving(plan)}
 
 

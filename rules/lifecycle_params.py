@@ -22,7 +22,7 @@ from pydantic import (
 from costline.rules.reclaim_params import Approval
 
 DEFAULT_MAX_PER_HOUR = 50
-DEFAULT_MAX_PERCENT = 50.0
+DEFAULT_MAX_PERCENT = 100.0
 
 
 class CheckpointParams(BaseModel):
