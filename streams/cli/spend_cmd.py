@@ -208,6 +208,9 @@ def register(app: typer.Typer) -> None:
         zone: str | None = typer.Option(None, "--tz", callback=zone_option, help="Time zone "
                                         "of the period; default COSTLINE_TIMEZONE."),
         peaks: bool = typer.Option(False, help="Also give each group's peak hourly spend."),
+        per: str | None = typer.Option(None, metavar="tokens", help="tokens: also give each "
+                                       "group's tokens and steps trained and its spend per "
+                                       "million tokens and per step (progress events)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON: currency, period "
                                      "(start, end) and rows (group, cost, waste; peak_hourly "
                                      "with --peaks), amounts as decimal strings."),
@@ -222,6 +225,8 @@ def register(app: typer.Typer) -> None:
         settings = settings_of(ctx)
         if period not in PERIODS:
             raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
+        if per not in (None, "tokens"):
+            raise typer.BadParameter(f"{per!r}: only tokens", param_hint="--per")
         keys = group_keys(by)
         filters = parse_filters(where)
         zone = zone or settings.timezone
@@ -231,12 +236,18 @@ def register(app: typer.Typer) -> None:
                            settings.timezone)
         currency = PriceBook.load(settings.prices).currency
         report = spend_report(state, currency, keys, filters, start, end, peaks)
+        if per is not None:
+            from costline.streams.cli.training import print_per_tokens, with_tokens
+
+            report = with_tokens(report, state, keys, filters, start, end)
         _warn_if_short(state, start, end)
         for key in absent_keys(report, keys):
             typer.echo(f"costline spend: no event in this period carries the key {key!r}: "
                        "its column is empty (—) in every row", err=True)
         if as_json:
             typer.echo(json.dumps(report, indent=2))
+        elif per is not None:
+            print_per_tokens(report, keys)
         else:
             _table(report, keys)
 
