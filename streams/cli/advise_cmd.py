@@ -129,13 +129,18 @@ def register(app: typer.Typer) -> None:
             if not isinstance(chosen, CheckpointIntervalRule):
                 raise typer.BadParameter(f"{rule!r} is not a checkpoint_interval rule of "
                                          f"{read.settings.rules}", param_hint="--rule")
-        keys = chosen.model_dump(by_alias=True) if chosen is not None else {
-            "name": "advice", "kind": "checkpoint_interval"}
+        if chosen is None:
+            chosen = CheckpointIntervalRule.model_validate(
+                {"name": "advice", "kind": "checkpoint_interval"})
+        update: dict[str, Any] = {}
         if where:
-            keys["match"] = parse_matchers(where)
+            update["match"] = parse_matchers(where)
         if fault_rate is not None:
-            keys["fault_rate"] = fault_rate
-        advised = CheckpointIntervalRule.model_validate(keys)
+            if not 0 < fault_rate <= 1:
+                raise typer.BadParameter("a rate per accelerator-day in (0, 1]",
+                                         param_hint="--fault-rate")
+            update["fault_rate"] = Decimal(str(fault_rate))
+        advised = chosen.model_copy(update=update)
         report = advice_report(advised.advice(read.state, time.time()),
                                read.prices.currency)
         if as_json:
