@@ -85,7 +85,7 @@ def _detail(plan: Plan) -> dict[str, Any]:
 
 
 def planned_record(plan: Plan, reason: str) -> ActionRecord:
-    how = "planned only (dry run)" if plan.mode == "dry_run" else "live"
+    how = "a dry run: nothing will be touched" if plan.mode == "dry_run" else "live"
     text = (f"{reason}; {describe(plan)} via {plan.connector} at {rfc3339(plan.execute_at)} "
             f"unless it is then the latest, pinned, exempt or being restored ({how})")
     return ActionRecord(plan, "planned", text, plan.planned_at, detail=_detail(plan))

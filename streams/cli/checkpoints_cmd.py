@@ -156,7 +156,7 @@ def register(app: typer.Typer) -> None:
         """Each run's checkpoints and their storage cost by tier (``list``) unless a command
         is named."""
         if ctx.invoked_subcommand is None:
-            ctx.invoke(listing, ctx=ctx)
+            ctx.invoke(listing, ctx=ctx, run=None, everything=False, as_json=False)
 
     @group.command("list")
     def listing(

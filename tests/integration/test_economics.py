@@ -141,6 +141,8 @@ def test_the_economics_of_a_run_end_to_end(services, kafka_namespace, tmp_path: 
 
 def _check_runs(env: dict[str, str], now: float) -> None:
     report = cli_json(env, "runs")
+    shown = run_cli({**env, "COLUMNS": "160"}, "runs")
+    assert shown.returncode == 0 and "$1.99" in shown.stdout and "5.12B" in shown.stdout
     runs = {row["run"]: row for row in report["runs"]}
     # 8 × 512 GPU-hours at $2.49: $10,199.04 for 5,120M tokens in 800 steps (the resend
     # counted once): $1.992 per million tokens, $12.7488 a step
@@ -171,6 +173,9 @@ def _check_inventory(env: dict[str, str]) -> None:
         "per_day": "157.440000", "so_far": "?"}
     [run] = report["runs"]
     assert run["checkpoints"][-1]["latest"] and run["checkpoints"][1]["pinned_by"] == "erin"
+    shown = run_cli({**env, "COLUMNS": "160"}, "checkpoints")  # the list, for people
+    assert shown.returncode == 0 and "run-42: 16 checkpoint(s)" in shown.stdout
+    assert "pinned by erin" in shown.stdout and "$157.44" in shown.stdout
 
 
 def _check_advice(env: dict[str, str]) -> None:
