@@ -12,7 +12,7 @@ from typing import Any
 
 from costline.connectors.checkpoint_store import CheckpointStore
 from costline.connectors.redis_client import RedisClient
-from costline.connectors.redis_keys import record_key
+from costline.connectors.redis_keys import record_key, record_writes_key
 from costline.rules.inventory import (
     Checkpoint,
     Pin,
@@ -32,13 +32,18 @@ from costline.rules.runs import (
 
 
 class TrainingRecords:
-    """Reads the record sets of every slot ``slots`` lists."""
+    """Reads the record sets of every slot ``slots`` lists.
+
+    The failed runs are asked at every evaluation (their spend is waste, and they are part of
+    every hour's mark): they are kept, and read again only when a slot's count of writes to
+    its run ends (``S:rec:runs:n``) moved."""
 
     def __init__(self, redis: RedisClient, namespace: str,
                  slots: Callable[[], list[str]]) -> None:
         self.redis = redis
         self._slots = slots
         self.store = CheckpointStore(redis, namespace)
+        self._failed: tuple[tuple[tuple[str, Any], ...], frozenset[str]] | None = None
 
     def raw(self, name: str, since: float | str = "-inf") -> list[Any]:
         """Every member of the record set ``name`` at or after ``since``, over all slots."""
@@ -55,7 +60,14 @@ class TrainingRecords:
         return [end for end in map(run_end_of, self.raw(RUN_ENDS)) if end is not None]
 
     def failed_runs(self) -> frozenset[str]:
-        return failed_runs(self.run_ends())
+        slots = self._slots()
+        pipe = self.redis.pipeline(transaction=False)
+        for slot in slots:
+            pipe.get(record_writes_key(slot, RUN_ENDS))
+        marks = tuple(zip(slots, pipe.execute() if slots else [], strict=True))
+        if self._failed is None or self._failed[0] != marks:
+            self._failed = (marks, failed_runs(self.run_ends()))
+        return self._failed[1]
 
     def checkpoints(self) -> list[Checkpoint]:
         written = [w for w in map(written_of, self.raw(CHECKPOINTS)) if w is not None]

@@ -106,3 +106,21 @@ async def test_the_inventory_holds_what_the_lifecycle_did_and_the_pins(
     assert first.deleted_at == T0 + 3 * HOUR and second.live
     assert state.pins() == {"/ckpt/run-42/step-2": Pin("erin", T0 + 86400, "eval baseline")}
     assert store.unpin("/ckpt/run-42/step-2") and state.pins() == {}
+
+
+async def test_the_failed_runs_are_read_again_only_when_a_run_ends(
+        redis_writer: Writer, any_redis_url: str) -> None:
+    await redis_writer.write([gpus(T0, 1, run="a"), run_end(T0 + 60, "failed", run="a")])
+    state = state_of(any_redis_url, redis_writer.namespace)
+    assert state.records.failed_runs() == {"a"}
+    read = state.records.run_ends
+    calls: list[int] = []
+
+    def counted() -> list:  # type: ignore[type-arg]
+        calls.append(1)
+        return read()
+
+    state.records.run_ends = counted  # type: ignore[method-assign]
+    assert state.records.failed_runs() == {"a"} and calls == []
+    await redis_writer.write([run_end(T0 + 120, "cancelled", run="b")])
+    assert state.records.failed_runs() == {"a", "b"} and calls == [1]
