@@ -17,6 +17,7 @@ from costline.rules.inventory import (
     Checkpoint,
     Pin,
     Restore,
+    Written,
     build_inventory,
     restore_of,
     written_of,
@@ -44,6 +45,7 @@ class TrainingRecords:
         self._slots = slots
         self.store = CheckpointStore(redis, namespace)
         self._failed: tuple[tuple[tuple[str, Any], ...], frozenset[str]] | None = None
+        self._parsed: dict[Any, Written] = {}
 
     def raw(self, name: str, since: float | str = "-inf") -> list[Any]:
         """Every member of the record set ``name`` at or after ``since``, over all slots."""
@@ -70,8 +72,15 @@ class TrainingRecords:
         return self._failed[1]
 
     def checkpoints(self) -> list[Checkpoint]:
-        written = [w for w in map(written_of, self.raw(CHECKPOINTS)) if w is not None]
-        return build_inventory(written, self.store.changes())
+        """The inventory. Records are parsed once and kept while they are in Redis: the
+        lifecycle reads the inventory every few seconds."""
+        known, kept = self._parsed, {}
+        for raw in self.raw(CHECKPOINTS):
+            found = known[raw] if raw in known else written_of(raw)
+            if found is not None:
+                kept[raw] = found
+        self._parsed = kept
+        return build_inventory(kept.values(), self.store.changes())
 
     def restores(self, since: float) -> list[Restore]:
         found = [r for r in map(restore_of, self.raw(RESTORES, since)) if r is not None]

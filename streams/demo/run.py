@@ -282,7 +282,8 @@ class Demo:
 
     def _wait_for_releases(self, env: dict[str, str], most: float = 90.0
                            ) -> list[dict[str, Any]]:
-        """The reclamation audit log, once every plan has closed (or ``most`` has passed)."""
+        """The audit log of reclamation and the checkpoint lifecycle, once every plan of both
+        has closed (or ``most`` has passed)."""
         from costline.connectors.kafka import consumer as kafka_consumer
 
         topic = f"{self.namespace}.actions.v1"
@@ -301,7 +302,9 @@ class Demo:
                     plans = {r["plan_id"] for r in records.values()}
                     closed = {r["plan_id"] for r in records.values()
                               if r["step"] in ("executed", "skipped", "failed")}
-                    if plans and plans == closed:
+                    # the checkpoint lifecycle plans on its own clock: wait for it too
+                    lifecycle = any("saves_per_day" in r for r in records.values())
+                    if plans and plans == closed and lifecycle:
                         break
             finally:
                 consumer.close()

@@ -58,6 +58,7 @@ from costline.rules.reclaim import (
     plan_id_for,
 )
 from costline.rules.state import StateView, matches
+from costline.streams.settings import Settings
 
 log = logging.getLogger("costline.checkpoints")
 
@@ -67,6 +68,9 @@ RuleSource = RuleSet | Callable[[], RuleSet]
 COOLDOWN_S = 86400
 """How long a closed plan keeps its checkpoint from being planned again (a dry run says what
 it would do once a day, not every tick)."""
+PLAN_EVERY_S = 10
+"""How often the rules are asked what they want (reading the inventory and asking the ledger
+about each action): due plans are settled on every tick."""
 CLAIM_TIMEOUT_S = 3600
 """A move may copy terabytes: a claim without an outcome after this long is reported
 unknown."""
@@ -108,6 +112,7 @@ class CheckpointKeeper:
         self._cooldown_s = cooldown_s
         self._claim_timeout_s = claim_timeout_s
         self._clock = clock
+        self._planned_at: float | None = None
 
     @property
     def ledger(self) -> ReclaimLedger:
@@ -128,7 +133,9 @@ class CheckpointKeeper:
         at = self._clock() if now is None else now
         handed = await self.flush()
         paused = await self._ledger.paused() is not None
-        if not paused:
+        if not paused and (self._planned_at is None or at - self._planned_at >= PLAN_EVERY_S
+                           or at < self._planned_at):
+            self._planned_at = at
             for rule in self._ruleset():
                 if isinstance(rule, CheckpointLifecycleRule) and rule.act is not None:
                     wanted = await asyncio.to_thread(rule.actions, self._state, at)
@@ -334,7 +341,7 @@ def lifecycle_cap_alert(record: Mapping[str, Any], notify: Mapping[str, Any] | N
     }
 
 
-def build_keeper(settings: Any, rules: RuleSource, sink: Sink, **options: Any
+def build_keeper(settings: Settings, rules: RuleSource, sink: Sink, **options: Any
                  ) -> CheckpointKeeper:
     """The worker's keeper: the inventory from ``RedisState``, the ledger beside it."""
     from costline.connectors.checkpoint_store import CheckpointStore
