@@ -81,3 +81,15 @@ def test_a_run_is_judged_by_how_it_ended_last() -> None:
 
 def test_the_failed_mark_moves_with_the_set_of_failed_runs() -> None:
     assert failed_mark({"a"}) == failed_mark({"a"}) != failed_mark({"a", "b"})
+
+
+def test_the_fault_waste_rule_counts_failed_runs() -> None:
+    from tests.unit.training import rule
+
+    # sft-7: 16 GPU-hours ($40.00), then cancelled: $40.00 of failed_run waste, past $30
+    found = state(gpus(T0, 2, units=8, run="sft-7", stage="posttrain"),
+                  run_end(T0 + 600, "cancelled", run="sft-7"))
+    watch = rule(kind="fault_waste", group_by=["job"], period="day", max_waste=30)
+    [finding] = watch.evaluate(found, T0 + HOUR)
+    assert finding.group == {"job": "sft-7"} and finding.value == 40_000_000
+    assert finding.faults == {"failed_run": 40_000_000}
