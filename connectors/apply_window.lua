@@ -248,5 +248,13 @@ if #faults > 0 then
   chunked('ZADD', key, faults[2], 1, #faults[2])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. faults[1])
 end
+local records = a[13] or {}
+for i = 1, #records, 3 do
+  local key = S .. ':rec:' .. records[i]
+  chunked('ZADD', key, records[i + 2], 1, #records[i + 2])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. records[i + 1])
+  -- a count of the writes to the set: readers read it again only when it moved
+  redis.call('INCR', key .. ':n')
+end
 redis.call('SET', KEYS[1], a[2])
 return {2}

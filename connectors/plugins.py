@@ -7,9 +7,11 @@ them; every command and the worker hand ``PLUGINS`` to the loader and the JSON S
 
 from __future__ import annotations
 
+from costline.connectors.checkpoints import CHECKPOINT_CONNECTORS
 from costline.connectors.enforce import ENFORCERS
 from costline.connectors.notify import NOTIFIERS
 from costline.connectors.reclaim import RECLAIMERS
 from costline.rules.plugins import Plugins
 
-PLUGINS = Plugins(reclaimers=RECLAIMERS, enforcers=ENFORCERS, notifiers=NOTIFIERS)
+PLUGINS = Plugins(reclaimers=RECLAIMERS, enforcers=ENFORCERS, notifiers=NOTIFIERS,
+                  checkpoint_connectors=CHECKPOINT_CONNECTORS)

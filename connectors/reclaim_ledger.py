@@ -1,9 +1,10 @@
 """The ledger of automatic actions: plans, their steps and the execution claims, in Redis.
 
-Reclamation keeps its plans here (``RedisReclaimLedger``, area ``reclaim``) and so does budget
-enforcement (area ``enforce``, ``costline.connectors.enforce_ledger``): the same scripts, one
-hash slot per area. A plan type only needs an id, its rule and the subject the rule may hold
-one open plan for (a resource, a group); its ledger decodes what it stored.
+Reclamation keeps its plans here (``RedisReclaimLedger``, area ``reclaim``), and so do the
+checkpoint lifecycle (area ``checkpoints``) and budget enforcement (area ``enforce``,
+``costline.connectors.enforce_ledger``): the same scripts, one hash slot per area. A plan type
+only needs an id, its rule and the subject the rule may hold one open plan for (a resource, a
+group); its ledger decodes what it stored.
 
 Every change of a plan is one compare-and-set script: the step moves only from the state the
 caller saw, and the step's action record is appended to the outbox and the history in the
@@ -447,7 +448,10 @@ class RedisPlanLedger(Generic[T]):
 
 
 class RedisReclaimLedger(RedisPlanLedger[Tracked]):
-    """The reclamation's ledger every worker of a namespace shares."""
+    """The ledger of resources a flow like reclamation's acts on, which every worker of a
+    namespace shares: ``area`` is ``reclaim`` for idle resources, ``checkpoints`` for the
+    checkpoint lifecycle, whose plans live apart."""
 
-    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline") -> None:
-        super().__init__(redis, namespace, "reclaim", tracked_of)
+    def __init__(self, redis: AsyncRedisClient, namespace: str = "costline",
+                 area: str = "reclaim") -> None:
+        super().__init__(redis, namespace, area, tracked_of)

@@ -38,10 +38,14 @@ from costline.connectors.redis_keys import (
     slots_key,
     wm_key,
 )
+from costline.rules.runs import CHECKPOINTS, RESTORES, RUN_ENDS
 from costline.rules.tally import Tally
 
 HISTORY_S = 86400
 FAULTS_KEPT_S = 7 * 86400
+RECORDS_KEPT_S = {CHECKPOINTS: 400 * 86400, RUN_ENDS: 400 * 86400, RESTORES: 7 * 86400}
+"""How much event time each record set keeps, behind its newest record: a checkpoint and a
+run's end as long as daily buckets, a restore as long as faults."""
 # Average members per dedup set before the table splits one more: sets not split yet in a
 # round hold up to twice that, which stays well under the 512 a compact set may hold.
 DEDUP_LOAD = 180
@@ -62,6 +66,7 @@ KNOWN_TAGSETS_MAX = 120_000
 #  10 latest:  resource\tmetric, ts, json, ...
 #  11 history: resource\tmetric, trim below, {score, member, ...}, ...
 #  12 faults:  trim below, {score, member, ...}   (or empty)
+#  13 records: set name, trim below, {score, member, ...}, ...
 # Amounts are integers, or decimal strings from 2^53 on.
 # Replies: {2} applied; {0, stored watermark}; {1, positions of digests counted before}.
 # The script is ``apply_window.lua`` beside this module.
@@ -149,7 +154,7 @@ class BatchWriter:
             str(expected), str(new_wm), slot, self.dedup_ttl, DEDUP_LOAD, dedup,
             self._buckets(slot, tally), [field for entry in tagsets for field in entry],
             [self.firsts_log.entries, self.firsts_log.named], _latest(tally),
-            _history(tally), _faults(tally),
+            _history(tally), _faults(tally), _records(tally),
         ], use_bin_type=False)
         return packed, order
 
@@ -277,3 +282,16 @@ def _faults(tally: Tally) -> list[Any]:
         pairs += [repr(ts), record]
     return [repr(newest - FAULTS_KEPT_S), pairs]
 
+
+def _records(tally: Tally) -> list[Any]:
+    by_set: dict[str, list[tuple[float, str]]] = {}
+    for name, ts, record in tally.records:
+        by_set.setdefault(name, []).append((ts, record))
+    flat: list[Any] = []
+    for name, kept in by_set.items():
+        newest = max(ts for ts, _ in kept)
+        pairs: list[str] = []
+        for ts, record in kept:
+            pairs += [repr(ts), record]
+        flat += [name, repr(newest - RECORDS_KEPT_S.get(name, FAULTS_KEPT_S)), pairs]
+    return flat

@@ -95,6 +95,17 @@ def faults_key(slot: str) -> str:
     return f"{slot}:faults"
 
 
+def record_key(slot: str, name: str) -> str:
+    """A record set of a slot (``checkpoints``, ``restores``, ``runs``): a sorted set of the
+    events as written, by event time."""
+    return f"{slot}:rec:{name}"
+
+
+def record_writes_key(slot: str, name: str) -> str:
+    """How many writes a record set has had: it moves whenever the set may have changed."""
+    return f"{record_key(slot, name)}:n"
+
+
 def dedup_key(slot: str, hour: int) -> str:
     """The dedup table of an hour of event time: a hash of its size (``l``, ``s``) and of the
     events counted in that hour (``n``); its sets are ``<this key>:<i>``."""

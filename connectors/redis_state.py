@@ -38,7 +38,10 @@ from costline.connectors.redis_keys import (
     tagsets_key,
     util_key,
 )
-from costline.rules.events import FaultEvent
+from costline.connectors.redis_records import TrainingRecords
+from costline.rules.events import RUN_TAG, FaultEvent
+from costline.rules.inventory import Checkpoint, Pin, Restore
+from costline.rules.runs import FAILED_RUN, RunEnd, failed_mark, failed_run_waste
 from costline.rules.state import (
     USAGE_CHARGE,
     Dimensions,
@@ -79,6 +82,7 @@ class RedisState:
         # evaluation of many tag sets well below the memory of a copy per tag set.
         self._shared: dict[Any, Any] = {}
         self._firsts_log = FirstsLog(redis)
+        self.records = TrainingRecords(redis, namespace, self.slots)
 
     # -- catalogue ------------------------------------------------------------------
 
@@ -222,7 +226,10 @@ class RedisState:
         """Events counted per hour of event time, from the dedup memory (``HourMarks``): a
         late event moves the mark of its hour. A month of hours is asked several times a
         second, so each slot's hours are read in one round trip."""
-        marks = dict.fromkeys(hours, 0)
+        # A run that fails makes all of its spend waste, in every hour it ran: the failed
+        # runs are part of every hour's mark.
+        failed = self.records.failed_runs()
+        marks = dict.fromkeys(hours, failed_mark(failed) if failed else 0)
         for slot in self.slots():
             pipe = self.redis.pipeline(transaction=False)
             for hour in hours:
@@ -270,6 +277,7 @@ class RedisState:
         """
         calendar = self.calendar  # read until a worker has recorded the zone: once here
         covers = [list(cover(start, end, calendar)) for start, end in intervals]
+        failed = self.records.failed_runs() if "waste" in measures else frozenset()
         for slot in self.slots():
             for first, chunk in _chunks(covers, _BUCKETS_PER_READ):
                 pipe = self.redis.pipeline(transaction=False)
@@ -280,12 +288,13 @@ class RedisState:
                 for index, buckets in enumerate(chunk, first):
                     read = [next(hashes) for _ in buckets]
                     for measure in measures:
-                        for dims, value in self._slot_sums(slot, read, measure):
+                        for dims, value in self._slot_sums(slot, read, measure, failed):
                             yield index, measure, dims, value
 
-    def _slot_sums(self, slot: str, hashes: list[Any], measure: Measure
-                   ) -> Iterable[tuple[Dimensions, int]]:
-        """Each tag set's sum of ``measure`` over a slot's buckets ``hashes`` (as read)."""
+    def _slot_sums(self, slot: str, hashes: list[Any], measure: Measure,
+                   failed: frozenset[str] = frozenset()) -> Iterable[tuple[Dimensions, int]]:
+        """Each tag set's sum of ``measure`` over a slot's buckets ``hashes`` (as read); with
+        waste, the ``failed_run`` waste of the tag sets of ``failed`` runs too."""
         sums: dict[str, int] = {}
         for fields in hashes:
             _sum_fields(fields, measure, sums)
@@ -293,6 +302,25 @@ class RedisState:
         for name, value in sums.items():
             tsid, _, fault = name.partition("\t")
             yield (self._waste_dims(slot, tsid, fault) if fault else known[tsid]), value
+        if measure == "waste" and failed:
+            yield from self._failed_sums(slot, hashes, sums, failed)
+
+    def _failed_sums(self, slot: str, hashes: list[Any], wasted: Mapping[str, int],
+                     failed: frozenset[str]) -> Iterable[tuple[Dimensions, int]]:
+        """The ``failed_run`` waste of a slot's tag sets of failed runs: their spend less the
+        fault waste counted for them (``costline.rules.runs``)."""
+        costs: dict[str, int] = {}
+        for fields in hashes:
+            _sum_fields(fields, "cost", costs)
+        known = self._tagsets(slot, costs)
+        by_tagset: dict[str, int] = defaultdict(int)
+        for name, value in wasted.items():
+            by_tagset[name.partition("\t")[0]] += value
+        for tsid, cost in costs.items():
+            if dict(known[tsid]).get(RUN_TAG) in failed:
+                waste = failed_run_waste(cost, by_tagset.get(tsid, 0))
+                if waste:
+                    yield self._waste_dims(slot, tsid, FAILED_RUN), waste
 
     def _waste_dims(self, slot: str, tsid: str, fault: str) -> Dimensions:
         """A tag set's dimensions plus its fault type, made once and kept (callers may
@@ -356,6 +384,20 @@ class RedisState:
                     group = group_of(group_by, dims)
                     found[group] = min(found.get(group, float(first)), float(first))
         return found
+
+    # -- training records (costline.connectors.redis_records) ---------------------------
+
+    def run_ends(self) -> list[RunEnd]:
+        return self.records.run_ends()
+
+    def checkpoints(self) -> list[Checkpoint]:
+        return self.records.checkpoints()
+
+    def restores(self, since: float) -> list[Restore]:
+        return self.records.restores(since)
+
+    def pins(self) -> dict[str, Pin]:
+        return self.records.pins()
 
     def faults(self, since: float) -> list[FaultRecord]:
         records: list[FaultRecord] = []

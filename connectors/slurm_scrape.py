@@ -10,8 +10,18 @@ no longer shows it.
 Tags come from the job: ``slurm_job_id`` (what the Slurm reclaim connector reads), account,
 partition, user, ``job`` (the job name, unless the comment names one), cluster, and the
 comment's ``key=value`` pairs (separated by spaces, commas or semicolons). The resource id is
-``slurm/<job id>``. ``squeue --json`` changed shape between releases (22.05 writes numbers and
-a state string, 23.02 and later ``{"set", "number"}`` objects and a state list): both are read.
+``slurm/<job id>``.
+
+A training run's job that ``squeue`` shows ended (for a few minutes after, ``MinJobAge``) is
+reported as a ``run_end`` event: ``COMPLETED`` succeeded, ``CANCELLED`` cancelled, and
+``FAILED``, ``TIMEOUT``, ``NODE_FAIL``, ``OUT_OF_MEMORY``, ``BOOT_FAIL`` or ``DEADLINE``
+failed, so a failed run's spend becomes waste. A job is a training run when its tags match
+``runs`` (by default a ``stage`` of ``pretrain`` or ``posttrain``): a notebook cancelled by
+reclamation is not a run that failed. Its id names the job and its end time, so every round
+that sees it counts it once, and a job requeued and ended again is judged by its last end.
+
+``squeue --json`` changed shape between releases (22.05 writes numbers and a state string,
+23.02 and later ``{"set", "number"}`` objects and a state list): both are read.
 """
 
 from __future__ import annotations
@@ -23,14 +33,19 @@ import subprocess
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from costline.connectors.focus import tag_key, tag_value
-from costline.rules.events import MAX_TAGS, UsageEvent
+from costline.rules.events import MAX_TAGS, RUN_TAG, RunEndEvent, RunStatus, UsageEvent
 from costline.rules.prices import PriceBook
 
 SQUEUE = ("squeue", "--all", "--json")
 COUNTED_STATES = frozenset({"RUNNING"})
+END_STATES = {"COMPLETED": RunStatus.succeeded, "CANCELLED": RunStatus.cancelled,
+              **dict.fromkeys(("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                               "DEADLINE"), RunStatus.failed)}
+RUN_JOBS = {"stage": ("pretrain", "posttrain")}
 _PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_.:-]*)=([^\s,;]+)")
 _GRES_TYPE = re.compile(r"^gpu:([^:(]+):\d+")
 _TRES_TYPE = re.compile(r"gres[:/]gpu:([^:=]+):\d+")
@@ -86,6 +101,7 @@ class SlurmJob:
     gpus: Mapping[str | None, int]  # GPU type (None: untyped) → count
     cluster: str
     tags: Mapping[str, str]
+    end: float | None = None
 
 
 def _job_id(job: Mapping[str, Any]) -> str:
@@ -149,7 +165,8 @@ def parse_job(job: Mapping[str, Any], default_cluster: str) -> SlurmJob:
     cpu_text = allocated.get("cpu", "")
     cpus = int(cpu_text) if cpu_text.isdigit() else int(number(job.get("cpus")) or 0)
     return SlurmJob(job_id, states(job.get("job_state")), number(job.get("start_time")), cpus,
-                    _gpus(job, allocated), cluster, _tags(job, job_id, cluster))
+                    _gpus(job, allocated), cluster, _tags(job, job_id, cluster),
+                    number(job.get("end_time")))
 
 
 def parse_squeue(text: str, default_cluster: str = "slurm") -> list[SlurmJob]:
@@ -185,6 +202,8 @@ class SlurmScraper:
     default_cluster: str = "slurm"
     skipped: Counter[str] = field(default_factory=Counter)
     last_end: float | None = None
+    runs: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(RUN_JOBS))
+    """Tag → globs a job's tags must match to be a training run whose end is reported."""
 
     def window(self, now: float) -> tuple[float, float] | None:
         """The windows completed since the last round (one interval on the first round, at
@@ -197,12 +216,16 @@ class SlurmScraper:
             start = self.last_end
         return start, end
 
-    def events(self, jobs: Sequence[SlurmJob], now: float) -> list[UsageEvent]:
+    def events(self, jobs: Sequence[SlurmJob], now: float) -> list[UsageEvent | RunEndEvent]:
+        found: list[UsageEvent | RunEndEvent] = []
+        for job in jobs:
+            ended = self.run_end(job, now)
+            if ended is not None:
+                found.append(ended)
         window = self.window(now)
         if window is None:
-            return []
+            return found
         self.last_end = window[1]
-        found: list[UsageEvent] = []
         for job in jobs:
             if not job.state & COUNTED_STATES:
                 self.skipped["not_running"] += 1
@@ -211,6 +234,19 @@ class SlurmScraper:
             else:
                 found.extend(self._usage(job, job.start, *window))
         return found
+
+    def run_end(self, job: SlurmJob, now: float) -> RunEndEvent | None:
+        """The end of a training run's job that ``squeue`` shows ended, else ``None``."""
+        ended = sorted(state for state in job.state if state in END_STATES)
+        if not ended or RUN_TAG not in job.tags or not all(
+                any(fnmatchcase(job.tags.get(key, ""), glob) for glob in globs)
+                for key, globs in self.runs.items()):
+            return None
+        ts = job.end if job.end is not None and job.end <= now else now
+        cluster = _ID_UNSAFE.sub("_", job.cluster)
+        return RunEndEvent(event_id=f"slurm:{cluster}:{job.job_id}:end:{int(ts)}",
+                           kind="run_end", ts=round(ts, 3), status=END_STATES[ended[0]],
+                           reason=f"Slurm job {job.job_id} {ended[0]}", tags=dict(job.tags))
 
     def resource_type(self, gpu_type: str | None) -> str:
         """``gpu.<type>`` when the price book prices it per GPU-hour, else the default."""

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,6 +23,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
+from pydantic_core import PydanticCustomError
 
 MAX_BATCH = 10_000
 MAX_FUTURE_S = 600.0
@@ -160,11 +162,92 @@ class FaultEvent(_Event):
     resource_id: ResourceId | None = None
 
 
+RUN_TAG = "job"
+"""The tag that names a training run: its usage, progress, checkpoints and end carry it."""
+
+
+def _names_a_run(tags: dict[str, str]) -> dict[str, str]:
+    if RUN_TAG not in tags:
+        raise PydanticCustomError("run_tag", "needs the tag {key}: it names the run",
+                                  {"key": RUN_TAG})
+    return tags
+
+
+RunTags = Annotated[Tags, AfterValidator(_names_a_run)]
+Count = Annotated[int, Field(ge=0, le=10**15)]
+
+
+class ProgressEvent(_Event):
+    """A run trained ``tokens`` tokens (and ``samples``) in ``steps`` optimizer steps since its
+    previous progress event, reaching step ``step``: what its spend bought."""
+
+    kind: Literal["progress"]
+    tags: RunTags
+    step: Count
+    tokens: Count
+    steps: Annotated[int, Field(ge=1, le=10**9)] = 1
+    samples: Count | None = None
+
+
+class CheckpointEvent(_Event):
+    """A run's checkpoint of step ``step``, ``bytes`` big, is kept at ``location`` on the
+    storage ``tier`` (a price book resource type priced per GB-hour); writing it stalled
+    training ``write_seconds``. Sent again with another tier and location when it moves."""
+
+    kind: Literal["checkpoint"]
+    tags: RunTags
+    location: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    checkpoint_id: ResourceId | None = None
+    step: Count
+    bytes: Annotated[int, Field(ge=0, le=10**18)]
+    tier: ResourceType
+    write_seconds: NonNegative = 0.0
+
+    @property
+    def identity(self) -> str:
+        """What names the checkpoint: its id, else its location."""
+        return self.checkpoint_id or self.location
+
+
+class RestoreEvent(_Event):
+    """A run began reading a checkpoint back (after a fault, or to branch from it)."""
+
+    kind: Literal["restore"]
+    tags: RunTags
+    location: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    checkpoint_id: ResourceId | None = None
+    read_seconds: NonNegative | None = None
+
+    @property
+    def identity(self) -> str:
+        return self.checkpoint_id or self.location
+
+
+class RunStatus(StrEnum):
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class RunEndEvent(_Event):
+    """A run ended: a failed or cancelled one bought nothing, so its spend is waste."""
+
+    kind: Literal["run_end"]
+    tags: RunTags
+    status: RunStatus
+    reason: Annotated[str, StringConstraints(max_length=256)] | None = None
+
+
 Event: TypeAlias = Annotated[
-    UsageEvent | UtilizationEvent | FaultEvent, Field(discriminator="kind")
+    UsageEvent | UtilizationEvent | FaultEvent | ProgressEvent | CheckpointEvent
+    | RestoreEvent | RunEndEvent,
+    Field(discriminator="kind"),
 ]
 
-AnyEvent: TypeAlias = UsageEvent | UtilizationEvent | FaultEvent
+AnyEvent: TypeAlias = (UsageEvent | UtilizationEvent | FaultEvent | ProgressEvent
+                       | CheckpointEvent | RestoreEvent | RunEndEvent)
+EVENT_MODELS = (UsageEvent, UtilizationEvent, FaultEvent, ProgressEvent, CheckpointEvent,
+                RestoreEvent, RunEndEvent)
 
 _ONE: TypeAdapter[AnyEvent] = TypeAdapter(Event)
 _BATCH: TypeAdapter[list[AnyEvent]] = TypeAdapter(
@@ -198,7 +281,7 @@ def _where(loc: tuple[int | str, ...], batch: bool) -> str:
     if batch and parts and isinstance(parts[0], int):
         prefix = f"event {parts.pop(0)}: "
     # Drop the discriminator tag pydantic inserts (``usage``/``fault``/...).
-    if parts and parts[0] in ("usage", "utilization", "fault"):
+    if parts and parts[0] in EVENT_KINDS:
         parts.pop(0)
     field = ".".join(_shown(p) for p in parts)
     return prefix + (f"field {field}" if field else "message")
@@ -235,8 +318,9 @@ def _fold_ts(errors: list[Any]) -> list[Any]:
     return folded
 
 
-_KINDS = ", ".join(get_args(event.model_fields["kind"].annotation)[0]
-                   for event in (UsageEvent, UtilizationEvent, FaultEvent))
+EVENT_KINDS = tuple(get_args(event.model_fields["kind"].annotation)[0]
+                    for event in EVENT_MODELS)
+_KINDS = ", ".join(EVENT_KINDS)
 # pydantic names the tagged union's own words ("discriminator", "tag"): said as the field.
 _KIND_ERRORS = {
     "union_tag_invalid": lambda ctx: f"{ctx.get('tag')!r:.60} is not one of {_KINDS}",
@@ -287,6 +371,7 @@ _CODES = {
     "enum": "bad_value",
     "literal_error": "bad_value",
     "bad_timestamp": "bad_timestamp",
+    "run_tag": "missing_field",
 }
 
 

@@ -15,6 +15,12 @@ name and the entries themselves:
 * usage: ``(USAGE, dedup, slot, tag set, cost, quantity)``, cost signed (a credit is negative)
 * fault: ``(FAULT, dedup, slot, tag set, fault type, waste, ts, the fault as JSON)``
 * sample: ``(SAMPLE, resource id, metric, ts, value, resource type, tags)``
+* record: ``(RECORD, dedup, slot, record set, ts, the event as JSON)``: a fact kept as written
+  (a checkpoint, a restore, a run's end), not summed
+
+A progress event is counted as usage with no cost: one usage entry per quantity it reports
+(``costline.rules.runs``), each with the digest of the event id and its quantity's name, so a
+resend counts each of them once.
 
 ``dedup`` is 63 bits of the event id's digest (a positive 64-bit integer, as Redis keeps it
 in a compact integer set); ``slot`` is the start of the event's 5-minute slot. Amounts are
@@ -34,21 +40,39 @@ import msgpack
 from costline.rules.events import (
     AnyEvent,
     ChargeKind,
+    CheckpointEvent,
     FaultEvent,
+    ProgressEvent,
     Rejection,
+    RestoreEvent,
+    RunEndEvent,
     UsageEvent,
     UtilizationEvent,
     parse_message,
 )
-from costline.rules.prices import PriceBook, PricingError
+from costline.rules.inventory import checkpoint_record, hourly_storage
+from costline.rules.prices import MICRO, PriceBook, PricingError
+from costline.rules.runs import (
+    CHECKPOINTS,
+    PROGRESS_BILLING,
+    PROGRESS_CATEGORY,
+    PROGRESS_SAMPLES,
+    PROGRESS_STEPS,
+    PROGRESS_TOKENS,
+    RESTORES,
+    RUN_ENDS,
+)
 from costline.rules.state import USAGE_CHARGE
 
 SLOT_S = 300
-USAGE, FAULT, SAMPLE = 0, 1, 2
+USAGE, FAULT, SAMPLE, RECORD = 0, 1, 2, 3
 # A ledger record holds at most this many entries (a few hundred KiB), so a take of large
 # batches never makes a Kafka message near the topics' size limit.
 RECORD_ENTRIES = 10_000
 FORMAT = 1
+RECORDS_FORMAT = 2
+"""A ledger message holding record entries: a worker that does not know them skips the
+message as unreadable instead of misreading it."""
 # The cache of tag-set ids has two generations of at most this many entries each (~560 bytes
 # an entry: the key, the id and the canonical JSON), so ~27 MiB at most.
 _TAGSET_CACHE_MAX = 25_000
@@ -96,14 +120,16 @@ class Record:
 
     def encode(self) -> bytes:
         flat = [x for pair in self.tagsets.items() for x in pair]
-        return msgpack.packb([FORMAT, flat, self.entries], use_bin_type=True)  # type: ignore[no-any-return]
+        version = RECORDS_FORMAT if any(e[0] == RECORD for e in self.entries) else FORMAT
+        return msgpack.packb([version, flat, self.entries], use_bin_type=True)  # type: ignore[no-any-return]
 
     @classmethod
     def decode(cls, raw: bytes) -> Record:
         version, flat, entries = msgpack.unpackb(raw, raw=False, use_list=False,
                                                  strict_map_key=False)
-        if version != FORMAT:
-            raise ValueError(f"ledger record format {version}, this worker reads {FORMAT}")
+        if version not in (FORMAT, RECORDS_FORMAT):
+            raise ValueError(f"ledger record format {version}, this worker reads "
+                             f"{FORMAT} and {RECORDS_FORMAT}")
         each = iter(flat)
         return cls(dict(zip(each, each, strict=True)), list(entries))
 
@@ -166,6 +192,11 @@ class Intake:
             record = records.get(home)
             if record is None:
                 record = records[home] = Record()
+            if entry[0] == PROGRESS:
+                for part, named in zip(entry[1], tagset, strict=True):
+                    record.entries.append(part)
+                    record.tagsets[named[0]] = named[1]
+                continue
             record.entries.append(entry)
             if tagset is not None:
                 record.tagsets[tagset[0]] = tagset[1]
@@ -222,6 +253,45 @@ class Intake:
         return home, (FAULT, dedup, slot, tagset[0], event.fault.value, waste, ts,
                       event.model_dump_json(exclude_none=True)), tagset
 
+    def _progress(self, event: ProgressEvent, ts: float
+                  ) -> tuple[int, Entry, list[tuple[str, str]]]:
+        """One no-cost usage entry per quantity: tokens and samples in millions (a micro-unit
+        is one), steps as steps."""
+        quantities = [(PROGRESS_TOKENS, event.tokens), (PROGRESS_STEPS, event.steps * MICRO)]
+        if event.samples is not None:
+            quantities.append((PROGRESS_SAMPLES, event.samples))
+        _, home = event_key(event.event_id, self.partitions)
+        slot = int(ts // SLOT_S) * SLOT_S
+        entries, tagsets = [], []
+        for resource_type, micro in quantities:
+            tagset = self._tagset(event.tags, resource_type, PROGRESS_CATEGORY, PROGRESS_BILLING,
+                                  USAGE_CHARGE)
+            dedup, _ = event_key(f"{event.event_id}#{resource_type}", self.partitions)
+            entries.append((USAGE, dedup, slot, tagset[0], 0, micro))
+            tagsets.append(tagset)
+        return home, (PROGRESS, entries), tagsets
+
+    def _record(self, name: str, event: AnyEvent, ts: float, text: str | None = None
+                ) -> tuple[int, Entry, None]:
+        dedup, home = event_key(event.event_id, self.partitions)
+        slot = int(ts // SLOT_S) * SLOT_S
+        if text is None:
+            text = event.model_dump_json(exclude_none=True)
+        return home, (RECORD, dedup, slot, name, ts, text), None
+
+    def _checkpoint(self, event: CheckpointEvent, ts: float) -> tuple[int, Entry, None]:
+        """Kept with what its tier costs per hour for its bytes; a tier the book does not
+        price per GB-hour is refused."""
+        self.prices.storage_price(event.tier)
+        hourly = hourly_storage(self.prices, event.tier, event.bytes)
+        return self._record(CHECKPOINTS, event, ts, checkpoint_record(event, hourly))
+
+    def _restore(self, event: RestoreEvent, ts: float) -> tuple[int, Entry, None]:
+        return self._record(RESTORES, event, ts)
+
+    def _run_end(self, event: RunEndEvent, ts: float) -> tuple[int, Entry, None]:
+        return self._record(RUN_ENDS, event, ts)
+
     def _sample(self, event: UtilizationEvent, ts: float) -> tuple[int, Entry, None]:
         home = self._homes.get(event.resource_id)
         if home is None:
@@ -239,7 +309,13 @@ _ENTRIES: dict[type, Callable[[Intake, Any, float], tuple[int, Entry, Any]]] = {
     UsageEvent: Intake._usage,
     FaultEvent: Intake._fault,
     UtilizationEvent: Intake._sample,
+    ProgressEvent: Intake._progress,
+    CheckpointEvent: Intake._checkpoint,
+    RestoreEvent: Intake._restore,
+    RunEndEvent: Intake._run_end,
 }
+PROGRESS = -1
+"""Marks a priced progress event, whose usage entries ``Intake.route`` adds one by one."""
 
 
 def _encoded(record: Record) -> Iterator[bytes]:
@@ -250,5 +326,5 @@ def _encoded(record: Record) -> Iterator[bytes]:
         return
     for start in range(0, len(record.entries), RECORD_ENTRIES):
         part = record.entries[start:start + RECORD_ENTRIES]
-        named = {entry[3] for entry in part if entry[0] != SAMPLE}
+        named = {entry[3] for entry in part if entry[0] in (USAGE, FAULT)}
         yield Record({t: record.tagsets[t] for t in named}, part).encode()

@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 
 from costline.rules.enforce_params import enforce_json_schema
 from costline.rules.kinds import KINDS, Rule
+from costline.rules.kinds.checkpoint_lifecycle import acts_json_schema
 from costline.rules.kinds.idle import reclaim_json_schema
 from costline.rules.notify import notify_json_schema
 from costline.rules.plugins import CONTEXT_KEY, NO_PLUGINS, Plugins
@@ -197,8 +198,8 @@ def _duplicate_names(loaded: Sequence[LoadedRule]) -> list[SourceError]:
 
 def rules_json_schema(plugins: Plugins = NO_PLUGINS) -> dict[str, Any]:
     """The JSON Schema of a rule file: ``rules`` items are ``oneOf`` the registered kinds,
-    ``reclaim`` and ``enforce`` are ``oneOf`` the connectors in ``plugins`` and ``notify`` has
-    a key per notifier in ``plugins``."""
+    ``reclaim``, ``enforce`` and a ``checkpoint_lifecycle`` rule's ``act`` are ``oneOf`` the
+    connectors in ``plugins`` and ``notify`` has a key per notifier in ``plugins``."""
     models = list(KINDS.items())
     _, top = models_json_schema(
         [(model, "validation") for _, model in models],
@@ -212,6 +213,8 @@ def rules_json_schema(plugins: Plugins = NO_PLUGINS) -> dict[str, Any]:
         defs["Enforce"] = enforce_json_schema(plugins.enforcers)
     if "Notify" in defs:
         defs["Notify"] = notify_json_schema(plugins.notifiers)
+    if "CheckpointActs" in defs:
+        defs["CheckpointActs"] = acts_json_schema(plugins.checkpoint_connectors)
     refs = {name: {"$ref": f"#/$defs/{model.__name__}"} for name, model in models}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -12,8 +12,38 @@ import bisect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from costline.rules.events import AnyEvent, FaultEvent, UsageEvent, UtilizationEvent
+from costline.rules.events import (
+    RUN_TAG,
+    AnyEvent,
+    CheckpointEvent,
+    FaultEvent,
+    ProgressEvent,
+    RestoreEvent,
+    RunEndEvent,
+    UsageEvent,
+    UtilizationEvent,
+)
+from costline.rules.inventory import (
+    Change,
+    Checkpoint,
+    Pin,
+    Restore,
+    Written,
+    build_inventory,
+    hourly_storage,
+)
 from costline.rules.prices import PriceBook, exact, to_micro
+from costline.rules.runs import (
+    FAILED_RUN,
+    PROGRESS_BILLING,
+    PROGRESS_CATEGORY,
+    PROGRESS_SAMPLES,
+    PROGRESS_STEPS,
+    PROGRESS_TOKENS,
+    RunEnd,
+    failed_run_waste,
+    failed_runs,
+)
 from costline.rules.state import (
     BUCKET_S,
     FaultRecord,
@@ -67,7 +97,8 @@ class _Series:
 
 
 class InMemoryState:
-    """Events in, exact totals out; implements ``StateView``, ``HistoryView``, ``FaultHistory``."""
+    """Events in, exact totals out; implements ``StateView``, ``HistoryView``, ``FaultHistory``
+    and the training records (``CheckpointInventory``, run ends)."""
 
     def __init__(self, prices: PriceBook) -> None:
         self.prices = prices
@@ -76,6 +107,11 @@ class InMemoryState:
             m: _Sums() for m in ("cost", "gross", "credits", "quantity", "waste")}
         self._series: dict[tuple[str, str], _Series] = {}
         self._faults: list[FaultRecord] = []
+        self._written: list[Written] = []
+        self._restores: list[Restore] = []
+        self._ends: list[RunEnd] = []
+        self._changes: dict[str, list[Change]] = {}
+        self._pins: dict[str, Pin] = {}
 
     def add(self, event: AnyEvent) -> bool:
         """Count one event; ``False`` if its ``event_id`` was already counted.
@@ -91,6 +127,10 @@ class InMemoryState:
             self._add_fault(event)
         elif isinstance(event, UtilizationEvent):
             self._add_sample(event)
+        elif isinstance(event, ProgressEvent):
+            self._add_progress(event)
+        else:
+            self._add_record(event)
         self._seen.add(event.event_id)
         return True
 
@@ -106,6 +146,28 @@ class InMemoryState:
         self._sums["cost"].add(ts, key, cost)
         self._sums["gross" if cost >= 0 else "credits"].add(ts, key, abs(cost))
         self._sums["quantity"].add(ts, key, to_micro(exact(event.quantity)))
+
+    def _add_progress(self, event: ProgressEvent) -> None:
+        quantities = [(PROGRESS_TOKENS, event.tokens), (PROGRESS_STEPS, event.steps * 10**6)]
+        if event.samples is not None:
+            quantities.append((PROGRESS_SAMPLES, event.samples))
+        for resource_type, micro in quantities:
+            dims = dimensions_of(event.tags, resource_type, PROGRESS_CATEGORY, PROGRESS_BILLING)
+            key, ts = _key(dims), event.unix_ts
+            for measure, amount in (("cost", 0), ("gross", 0), ("quantity", micro)):
+                self._sums[measure].add(ts, key, amount)  # type: ignore[index]
+
+    def _add_record(self, event: CheckpointEvent | RestoreEvent | RunEndEvent) -> None:
+        if isinstance(event, CheckpointEvent):
+            self.prices.storage_price(event.tier)
+            self._written.append((event, hourly_storage(self.prices, event.tier, event.bytes)))
+        elif isinstance(event, RestoreEvent):
+            bisect.insort(self._restores, Restore(event.identity, event.tags[RUN_TAG],
+                                                  event.unix_ts, event.read_seconds),
+                          key=lambda r: r.ts)
+        else:
+            self._ends.append(RunEnd(event.tags[RUN_TAG], event.status.value, event.unix_ts,
+                                     event.reason))
 
     def _add_fault(self, event: FaultEvent) -> None:
         waste = self.prices.waste(event)
@@ -143,17 +205,41 @@ class InMemoryState:
         start: float,
         end: float,
     ) -> dict[Group, int]:
-        sums = self._sums[measure]
-        selected: dict[DimensionsKey, Group | None] = {}
+        cells = self._cells(measure, start, end)
+        if measure == "waste":
+            cells.update(self._failed_cells(cells, start, end))
         out: dict[Group, int] = {}
+        for dims, micro in cells.items():
+            plain = dict(dims)
+            if matches(match, plain):
+                group = group_of(group_by, plain)
+                out[group] = out.get(group, 0) + micro
+        return out
+
+    def _cells(self, measure: Measure, start: float, end: float) -> dict[DimensionsKey, int]:
+        tiers = self._sums[measure].tiers
+        out: dict[DimensionsKey, int] = {}
         for size, bucket in _covering(start, end):
-            for dims, micro in sums.tiers[size].get(bucket, {}).items():
-                if dims not in selected:
-                    plain = dict(dims)
-                    selected[dims] = group_of(group_by, plain) if matches(match, plain) else None
-                group = selected[dims]
-                if group is not None:
-                    out[group] = out.get(group, 0) + micro
+            for dims, micro in tiers[size].get(bucket, {}).items():
+                out[dims] = out.get(dims, 0) + micro
+        return out
+
+    def _failed_cells(self, wasted: Mapping[DimensionsKey, int], start: float, end: float
+                      ) -> dict[DimensionsKey, int]:
+        """The ``failed_run`` waste of the tag sets of failed runs over [start, end)."""
+        failed = failed_runs(self._ends)
+        if not failed:
+            return {}
+        by_tagset: dict[DimensionsKey, int] = {}
+        for dims, micro in wasted.items():
+            base = tuple(pair for pair in dims if pair[0] != "fault")
+            by_tagset[base] = by_tagset.get(base, 0) + micro
+        out = {}
+        for dims, cost in self._cells("cost", start, end).items():
+            if dict(dims).get(RUN_TAG) in failed:
+                waste = failed_run_waste(cost, by_tagset.get(dims, 0))
+                if waste:
+                    out[_key({**dict(dims), "fault": FAILED_RUN})] = waste
         return out
 
     def samples(
@@ -194,6 +280,28 @@ class InMemoryState:
     def faults(self, since: float) -> list[FaultRecord]:
         first = bisect.bisect_left(self._faults, since, key=lambda f: f.ts)
         return self._faults[first:]
+
+    # -- training records -------------------------------------------------------------
+
+    def run_ends(self) -> list[RunEnd]:
+        return list(self._ends)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        return build_inventory(self._written, self._changes)
+
+    def restores(self, since: float) -> list[Restore]:
+        first = bisect.bisect_left(self._restores, since, key=lambda r: r.ts)
+        return self._restores[first:]
+
+    def pins(self) -> dict[str, Pin]:
+        return dict(self._pins)
+
+    def record_change(self, change: Change) -> None:
+        """What the lifecycle did to a checkpoint (as ``CheckpointStore.record``)."""
+        self._changes.setdefault(change.checkpoint_id, []).append(change)
+
+    def pin(self, checkpoint_id: str, pin: Pin) -> None:
+        self._pins[checkpoint_id] = pin
 
 
 def _key(dims: Mapping[str, str]) -> DimensionsKey:

@@ -1,5 +1,5 @@
 """Money for people: ``$1,804.92``, ``-$12.50``, ``1,804.92 CHF``; and an alert's figure in
-its unit (``$42.50/h``, ``2%``, ``1,200 gb_hour``).
+its unit (``$42.50/h``, ``$1,024.00/day``, ``$2.00/Mtok``, ``2%``, ``1,200 gb_hour``).
 
 Totals are exact micro-units (``rules.prices``); machines read them as six-place decimal
 strings (``--json``, the API). People read currency: the symbol or the code, thousands
@@ -46,12 +46,16 @@ def percent(fraction: Decimal) -> str:
 
 
 def figure_in(amount: Decimal, unit: str, currency: str) -> str:
-    """An amount in its unit: money, money per hour, a utilization fraction as a percentage,
-    or a price book unit (``gb_hour``)."""
+    """An amount in its unit: money, money per hour or per day, money per million tokens, a
+    utilization fraction as a percentage, or a price book unit (``gb_hour``)."""
     if unit == "fraction":
         return percent(amount)
     if unit == "currency_per_hour":
         return f"{money(amount, currency)}/h"
+    if unit == "currency_per_day":
+        return f"{money(amount, currency)}/day"
+    if unit == "currency_per_mtok":
+        return f"{money(amount, currency)}/Mtok"
     if unit == "currency":
         return money(amount, currency)
     return f"{amount.quantize(_CENT, rounding=ROUND_HALF_UP).normalize():,f} {unit}"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationInfo
 
+from costline.rules.lifecycle_params import CheckpointActor
 from costline.rules.notify_params import Notifier
 from costline.rules.reclaim_params import Reclaimer
 
@@ -38,6 +39,9 @@ class Plugins:
 
     notifiers: Mapping[str, type[Notifier]] = field(default_factory=dict)
     """``notify: {NAME: ...}`` → the notifier, which carries its parameter model."""
+
+    checkpoint_connectors: Mapping[str, type[CheckpointActor]] = field(default_factory=dict)
+    """``act: {connector: NAME}`` of a ``checkpoint_lifecycle`` rule → the connector."""
 
 
 NO_PLUGINS = Plugins()

@@ -211,6 +211,17 @@ class PriceBook:
         return Charge(cost, quantity, event.category or price.category, price.billing,
                       event.charge)
 
+    def storage_price(self, tier: str) -> Price:
+        """The price of a storage tier checkpoints are kept on: per GB-hour, or refused."""
+        price = self.price_of(tier)
+        if price.unit != "gb_hour":
+            raise PricingError(
+                "not_storage",
+                f"field tier: {tier} is priced per {price.unit!r}; a checkpoint's tier needs a "
+                "price per 'gb_hour'",
+            )
+        return price
+
     def waste(self, event: FaultEvent) -> int:
         """units × (lost_seconds + recovery_seconds) / 3600 × hourly price, in micro-units."""
         price = self.price_of(event.resource_type)

@@ -15,6 +15,7 @@ from typing import Any
 
 from costline.rules.enforce_params import COMMON_KEYS, EnforceParams
 from costline.rules.kinds import KINDS, Rule
+from costline.rules.lifecycle_params import CheckpointParams
 from costline.rules.loader import rules_json_schema
 from costline.rules.plugins import Plugins
 from costline.rules.reclaim_params import ReclaimParams
@@ -31,10 +32,10 @@ def reference_markdown(plugins: Plugins) -> str:
     common = Rule.model_json_schema(by_alias=True)
     parts = [
         "# Rule reference\n",
-        "Every rule kind, reclaim connector, enforcement connector and notifier, generated "
-        "from their registries by `costline rules reference`; a test keeps this file equal to "
-        "its output. Editors get the same keys as a JSON Schema from `costline rules "
-        "schema`.\n",
+        "Every rule kind, reclaim connector, enforcement connector, checkpoint connector and "
+        "notifier, generated from their registries by `costline rules reference`; a test keeps "
+        "this file equal to its output. Editors get the same keys as a JSON Schema from "
+        "`costline rules schema`.\n",
         "## Keys every rule has\n",
         _table(common, list(common["properties"])),
         "## Kinds\n",
@@ -62,7 +63,8 @@ def reference_markdown(plugins: Plugins) -> str:
         parts += [f"### `{name}`\n", option["description"] + "\n"]
         parts += [_table(option, own, noun="parameter")] if own else []
         parts += [_example(connector)]
-    return "\n".join(parts + _enforcers(plugins, defs) + _notifiers(defs["Notify"], plugins))
+    return "\n".join(parts + _enforcers(plugins, defs) + _checkpoint_connectors(plugins, defs)
+                     + _notifiers(defs["Notify"], plugins))
 
 
 def _enforcers(plugins: Plugins, defs: Mapping[str, Any]) -> list[str]:
@@ -100,6 +102,27 @@ def _notifiers(notify: Mapping[str, Any], plugins: Plugins) -> list[str]:
         if shorthand is not None:
             parts += [f"`{name}: VALUE` is short for `{name}: {{{shorthand}: VALUE}}`.\n"]
         parts += [_table(keys, list(keys["properties"]), noun="parameter"), _example(notifier)]
+    return parts
+
+
+def _checkpoint_connectors(plugins: Plugins, defs: Mapping[str, Any]) -> list[str]:
+    """The ``act:`` connectors of ``checkpoint_lifecycle`` rules, as reclaim's are shown."""
+    options = {o["properties"]["connector"]["const"]: o
+               for o in defs.get("CheckpointActs", {}).get("oneOf", [])}
+    if not options:
+        return []
+    common = ("connector", "grace", *CheckpointParams.model_fields)
+    first = next(iter(options.values()))
+    parts = ["## Checkpoint connectors\n",
+             "`act:` of a `checkpoint_lifecycle` rule names a connector; every connector "
+             "takes these keys besides its own:\n",
+             _table(first, [k for k in common if k in first["properties"]])]
+    for name, connector in plugins.checkpoint_connectors.items():
+        option = options[name]
+        own = [key for key in option["properties"] if key not in common]
+        parts += [f"### `{name}`\n", option["description"] + "\n"]
+        parts += [_table(option, own, noun="parameter")] if own else []
+        parts += [_example(connector)]
     return parts
 
 

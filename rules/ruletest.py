@@ -39,7 +39,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, V
 from costline.rules.alerts import AlertBook
 from costline.rules.durations import PositiveDuration, TimeZoneName, parse_time
 from costline.rules.engine import Engine
-from costline.rules.events import AnyEvent, Event
+from costline.rules.events import EVENT_KINDS, AnyEvent, Event
 from costline.rules.loader import RuleSet, load_rules
 from costline.rules.memory_state import InMemoryState
 from costline.rules.plugins import NO_PLUGINS, Plugins
@@ -50,7 +50,6 @@ from costline.rules.yaml_source import Document, SourceError, SourceInvalid, loa
 
 TimeValue = Annotated[AwareDatetime | float | int, Field(union_mode="left_to_right")]
 _EVENT = TypeAdapter(Event)
-_EVENT_KINDS = ("usage", "utilization", "fault")
 _REPEAT = re.compile(r"^(-?\d+(?:\.\d+)?)x(\d+)$")
 
 
@@ -235,7 +234,7 @@ def _event_errors(
     found = []
     for error in exc.errors(include_url=False, include_context=False):
         loc = tuple(error["loc"])
-        if loc and loc[0] in _EVENT_KINDS:
+        if loc and loc[0] in EVENT_KINDS:
             loc = loc[1:]
         line, col = document.position(base + loc)
         field = ".".join(str(part) for part in base + loc)

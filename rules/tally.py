@@ -3,7 +3,8 @@
 A *tally* sums, per tag set and 5-minute slot of event time, the gross spend (positive
 charges), the credits (negative charges, kept as a positive amount), the usage quantity and
 the waste per fault type, all in integer micro-units; it also keeps each counted event's dedup
-digest under its event-time hour, the utilization samples and the fault records. Coarser
+digest under its event-time hour, the utilization samples, the fault records and the records
+kept as written (checkpoints, restores, run ends: ``records``). Coarser
 buckets (hour, day) are sums of slots, worked out by the writer.
 
 An event whose digest the tally already holds, or that Redis said was counted (``skip``), is
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 
-from costline.rules.ledger import FAULT, SAMPLE, USAGE, Entry, Record
+from costline.rules.ledger import FAULT, RECORD, SAMPLE, USAGE, Entry, Record
 
 HOUR_S = 3600
 
@@ -52,6 +53,8 @@ class Tally:
     samples: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     latest: dict[tuple[str, str], Sample] = field(default_factory=dict)
     faults: list[tuple[float, str]] = field(default_factory=list)
+    # (record set, ts, the event as JSON) of every counted record entry
+    records: list[tuple[str, float, str]] = field(default_factory=list)
 
     @property
     def events(self) -> int:
@@ -84,6 +87,9 @@ class Tally:
                     digests[hour] = [dedup]
                 else:
                     hourly.append(dedup)
+                if kind == RECORD:
+                    self.records.append((entry[3], entry[4], entry[5]))
+                    continue
                 tsid = entry[3]
                 if tsid not in tagsets:
                     tagsets[tsid] = named[tsid]

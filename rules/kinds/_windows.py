@@ -15,7 +15,17 @@ from pydantic import ValidationInfo
 from pydantic_core import PydanticCustomError
 
 from costline.rules.findings import per_hour
-from costline.rules.state import Group, HistoryView, Measure, StateView, align_down, narrowed
+from costline.rules.prices import MICRO
+from costline.rules.runs import PROGRESS_TOKENS, per_mtok
+from costline.rules.state import (
+    PSEUDO_TAGS,
+    Group,
+    HistoryView,
+    Measure,
+    StateView,
+    align_down,
+    narrowed,
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,60 @@ def compare_windows(
         )
         for group, total in sorted(current.items())
         if total > 0
+    ]
+
+
+@dataclass(frozen=True)
+class EfficiencyComparison:
+    """One group's money per million tokens over the window and over the baseline before it."""
+
+    group: Group
+    cost: int
+    tokens: int
+    baseline_cost: int
+    baseline_tokens: int
+    ready: bool
+    start: float
+    end: float
+
+    @property
+    def current(self) -> int:
+        return per_mtok(self.cost, self.tokens) or 0
+
+    @property
+    def expected(self) -> int:
+        return per_mtok(self.baseline_cost, self.baseline_tokens) or 0
+
+    def growth_line(self, ratio: Decimal) -> int:
+        scaled = ratio * self.baseline_cost * MICRO / self.baseline_tokens
+        return int(scaled.to_integral_value(ROUND_CEILING))
+
+    def grew(self, ratio: Decimal, min_baseline: int = 0) -> bool:
+        """Cost per token ≥ ratio × the baseline's, on a ready baseline that spent at least
+        ``min_baseline``; both spans must have trained tokens."""
+        if not self.ready or self.tokens <= 0 or self.baseline_tokens <= 0 or \
+                self.baseline_cost <= 0 or self.baseline_cost < min_baseline:
+            return False
+        return self.cost * self.baseline_tokens >= ratio * self.baseline_cost * self.tokens
+
+
+def compare_efficiency(state: StateView, match: Mapping[str, str], group_by: Sequence[str],
+                       now: float, window: int, baseline: int) -> list[EfficiencyComparison]:
+    """Every group that spent and trained in the window, with its baseline. Tokens are read
+    with the match's tags only: the pseudo-tags (``resource_type``…) select the spend."""
+    end = align_down(now)
+    start, base_start = end - window, end - window - baseline
+    tokens_match = {**{k: v for k, v in match.items() if k not in PSEUDO_TAGS},
+                    "resource_type": PROGRESS_TOKENS}
+    cost = state.totals("cost", match, group_by, start, end)
+    tokens = state.totals("quantity", tokens_match, group_by, start, end)
+    base_cost = state.totals("cost", match, group_by, base_start, start)
+    base_tokens = state.totals("quantity", tokens_match, group_by, base_start, start)
+    ready = _ready(state, "cost", match, group_by, cost, base_start, window)
+    return [
+        EfficiencyComparison(group, total, tokens.get(group, 0), base_cost.get(group, 0),
+                             base_tokens.get(group, 0), ready[group], start, end)
+        for group, total in sorted(cost.items()) if total > 0 and tokens.get(group, 0) > 0
     ]
 
 

@@ -18,7 +18,13 @@ from costline.rules.findings import (
     top_contributors,
 )
 from costline.rules.kinds import Rule, kind
-from costline.rules.kinds._windows import WindowComparison, baseline_covers_window, compare_windows
+from costline.rules.kinds._windows import (
+    EfficiencyComparison,
+    WindowComparison,
+    baseline_covers_window,
+    compare_efficiency,
+    compare_windows,
+)
 from costline.rules.state import StateView
 
 GROWTH_LINE = "growth"
@@ -31,14 +37,17 @@ Ratio = Annotated[
 
 @kind("growth")
 class GrowthRule(Rule):
-    """Spend or usage growing faster than it used to, per group.
+    """Spend, usage or the cost of training growing faster than it used to, per group.
 
     Fires when the total over ``window`` is at least ``ratio`` times the average total per
     ``window`` over the ``baseline`` before it. A baseline below ``min_baseline`` (money for
     ``metric: cost``, units of the resource for ``metric: quantity``) never fires, and
     neither does a group whose history does not yet cover the whole baseline. On
     ``quantity``, match one ``resource_type`` so the units agree (GB-hours of checkpoints
-    measure how much is stored).
+    measure how much is stored). ``metric: cost_per_token`` compares a group's spend per
+    million tokens trained (progress events) with the baseline's: a run whose efficiency
+    regresses — a slow node, a bad config change, a data-loader stall — when grouped by
+    ``job``; its ``min_baseline`` is the baseline's spend.
 
     ```yaml
     rules:
@@ -59,8 +68,9 @@ class GrowthRule(Rule):
     inhibited_by_faults: ClassVar[bool] = True
 
     kind: Literal["growth"]
-    metric: Literal["cost", "quantity"] = Field(
-        "cost", description="cost (money) or quantity (the price book unit of what is matched)"
+    metric: Literal["cost", "quantity", "cost_per_token"] = Field(
+        "cost", description="cost (money), quantity (the price book unit of what is matched) "
+        "or cost_per_token (money per million tokens trained)"
     )
     window: WindowDuration = Field(description="the recent span whose total is compared")
     baseline: WindowDuration = Field(
@@ -80,17 +90,26 @@ class GrowthRule(Rule):
         """Money, or the price book unit of the one resource type a quantity rule matches."""
         if self.metric == "cost":
             return "currency"
+        if self.metric == "cost_per_token":
+            return "currency_per_mtok"
         return units.get(self.match.get("resource_type", ""), "units")
 
     def evaluate(self, state: StateView, now: float) -> list[Finding]:
+        metric = self.metric
+        if metric == "cost_per_token":
+            return [self._efficiency_finding(c) for c in compare_efficiency(
+                state, self.match, self.group_by, now, self.window, self.baseline)
+                if c.grew(self.ratio, self.min_baseline)]
         compared = compare_windows(
-            state, self.metric, self.match, self.group_by, now, self.window, self.baseline
+            state, metric, self.match, self.group_by, now, self.window, self.baseline
         )
         return [
-            self._finding(state, c) for c in compared if c.grew(self.ratio, self.min_baseline)
+            self._finding(state, c, metric) for c in compared
+            if c.grew(self.ratio, self.min_baseline)
         ]
 
-    def _finding(self, state: StateView, compared: WindowComparison) -> Finding:
+    def _finding(self, state: StateView, compared: WindowComparison,
+                 metric: Literal["cost", "quantity"]) -> Finding:
         line = Line(GROWTH_LINE, compared.growth_line(self.ratio))
         return Finding(
             group=dict(zip(self.group_by, compared.group, strict=True)),
@@ -102,7 +121,7 @@ class GrowthRule(Rule):
             period=(compared.start, compared.end),
             top=top_contributors(
                 state,
-                self.metric,
+                metric,
                 self.match,
                 self.group_by,
                 compared.group,
@@ -112,11 +131,31 @@ class GrowthRule(Rule):
             rate_per_hour=compared.rate_per_hour,
         )
 
+    def _efficiency_finding(self, compared: EfficiencyComparison) -> Finding:
+        line = Line(GROWTH_LINE, compared.growth_line(self.ratio))
+        return Finding(
+            group=dict(zip(self.group_by, compared.group, strict=True)),
+            value=compared.current, line=line.name, threshold=line.value, rank=1,
+            lines=(Line(BASELINE_LINE, compared.expected), line),
+            period=(compared.start, compared.end),
+        )
+
     def summarize(self, finding: Finding, currency: str) -> str:
         def amount(micro: int) -> str:
             if self.metric == "cost":
                 return money_text(micro, currency)
+            if self.metric == "cost_per_token":
+                return f"{money_text(micro, currency)} per million tokens"
             return f"{amount_text(micro)} units"
+
+        if self.metric == "cost_per_token":
+            expected = finding.lines[0].value
+            times = f"{Decimal(finding.value) / expected:.1f}x" if expected else "far above"
+            return (
+                f"{labels_text(finding.group)} spent {amount(finding.value)} in the last "
+                f"{format_duration(self.window)}, {times} the {amount(expected)} of the "
+                f"{format_duration(self.baseline)} before (growth line {self.ratio}x)."
+            )
 
         expected = finding.lines[0].value
         times = f"{Decimal(finding.value) / expected:.1f}x" if expected else "far above"

@@ -78,7 +78,8 @@ def status_report(pause: Any, plans: list[Any], now: float) -> dict[str, Any]:
     }
 
 
-def _user(by: str | None) -> str:
+def acting_user(by: str | None) -> str:
+    """Who an operator's command is recorded as: ``--by``, else the login name."""
     if by:
         return by
     try:
@@ -127,7 +128,7 @@ def register(app: typer.Typer) -> None:
         """Stop all reclamation now: no new plans, due plans are skipped, nothing released."""
         from costline.connectors.reclaim_ledger import Pause
 
-        who = _user(by)
+        who = acting_user(by)
 
         async def stop(ledger: Any) -> None:
             await ledger.pause(Pause(who, time.time(), reason))

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import typer
 
 from costline.streams.cli import command_group
-from costline.streams.cli.actions_cmd import _user
+from costline.streams.cli.actions_cmd import acting_user
 
 T = TypeVar("T")
 
@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         """Lift a group's enforcement now: restore what was changed; not enforced again
         before the period ends."""
         subject = subject_of(ctx, rule, group)
-        who = _user(by)
+        who = acting_user(by)
 
         async def go(enforcer: Any) -> str:
             said: str = await enforcer.lift(rule, subject, who)
@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         by: str | None = typer.Option(None, help="Who; default the current user."),
     ) -> None:
         """Stop new enforcements (lifts go on); groups are planned afresh after resume."""
-        who = _user(by)
+        who = acting_user(by)
 
         async def stop(enforcer: Any) -> None:
             await enforcer.pause(who, reason)

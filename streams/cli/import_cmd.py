@@ -33,7 +33,13 @@ from costline.connectors.focus import (
 )
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.kafka import partition_of
-from costline.rules.events import MAX_BATCH, UsageEvent, UtilizationEvent, dump_event
+from costline.rules.events import (
+    MAX_BATCH,
+    RunEndEvent,
+    UsageEvent,
+    UtilizationEvent,
+    dump_event,
+)
 from costline.rules.money import money_micro
 from costline.rules.prices import PriceBook
 from costline.rules.yaml_source import SourceInvalid
@@ -83,7 +89,7 @@ class PartitionBatcher:
         return Message("usage", events[0][0].encode(), value, len(events))
 
 
-UsageTopicEvent = UsageEvent | UtilizationEvent
+UsageTopicEvent = UsageEvent | UtilizationEvent | RunEndEvent
 Emit = Callable[[UsageTopicEvent], None]
 
 

@@ -169,16 +169,23 @@ def slurm(
     cpu_type: str = typer.Option("cpu.general", help="Resource type of CPU-only jobs."),
     cluster: str = typer.Option("slurm", help="Cluster name when squeue does not give one."),
     squeue: str = typer.Option(" ".join(SQUEUE), help="The squeue command to run."),
+    runs: list[str] = typer.Option([], "--runs", metavar="KEY=GLOB", help="Tags that make a "
+                                   "job a training run, whose end is reported as a run_end "
+                                   "event (repeatable; a key given again: any of its values); "
+                                   "default stage=pretrain or stage=posttrain."),
 ) -> None:
-    """Count running jobs' GPU-hours (CPU-only jobs: vCPU-hours) for each completed window."""
+    """Count running jobs' GPU-hours (CPU-only jobs: vCPU-hours) for each completed window,
+    and report the end of every training run's job."""
     import shlex
 
-    from costline.connectors.slurm_scrape import SlurmScraper, parse_squeue, run_squeue
+    from costline.connectors.slurm_scrape import RUN_JOBS, SlurmScraper, parse_squeue, run_squeue
+    from costline.streams.cli.spend_cmd import parse_filters
 
     book = _price_book(ctx)
     _check_priced(book, gpu_default, "gpu_hour", "--gpu-default")
     _check_priced(book, cpu_type, "vcpu_hour", "--cpu-type")
-    scraper = SlurmScraper(interval, book, gpu_default, cpu_type, cluster)
+    scraper = SlurmScraper(interval, book, gpu_default, cpu_type, cluster,
+                           runs=parse_filters(runs) if runs else dict(RUN_JOBS))
     command = shlex.split(squeue)
     run_rounds(ctx, "slurm", lambda now: scraper.events(parse_squeue(run_squeue(command),
                                                                      cluster), now),

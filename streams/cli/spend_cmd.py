@@ -98,7 +98,7 @@ def spend_report(state: Any, currency: str, by: Sequence[str], where: Filters,
     from costline.rules.durations import rfc3339
     from costline.rules.prices import format_micro
 
-    query = _Query(by, where)
+    query = GroupQuery(by, where)
     gross, credits, waste = query.totals(state, ("gross", "credits", "waste"), start, end)
     # The net from the two parts read rather than a third pass over the same fields.
     cost = {g: gross.get(g, 0) - credits.get(g, 0) for g in set(gross) | set(credits)}
@@ -124,7 +124,7 @@ def spend_report(state: Any, currency: str, by: Sequence[str], where: Filters,
     }
 
 
-class _Query:
+class GroupQuery:
     """Groups and filters of a report, asked of a store whose match takes one glob per key.
 
     A key with several globs is grouped by as well, and only the groups whose value matches
@@ -233,7 +233,8 @@ class Reading:
 
 def spend_answer(settings: Settings, reading: Reading | None = None, *, by: str = "",
                  where: Sequence[str] = (), period: str = "month", at: str | None = None,
-                 tz: str | None = None, peaks: bool = False, basis: str = "net") -> SpendAnswer:
+                 tz: str | None = None, peaks: bool = False, basis: str = "net",
+                 per: str | None = None) -> SpendAnswer:
     """``costline spend`` for these options, as given on the command line (``by``
     comma-separated, each ``where`` ``KEY=VALUE``); a bad one is ``typer.BadParameter``.
 
@@ -248,24 +249,30 @@ def spend_answer(settings: Settings, reading: Reading | None = None, *, by: str 
         raise typer.BadParameter(f"{period!r}: one of day, week, month", param_hint="--period")
     if basis not in BASES:
         raise typer.BadParameter(f"{basis!r}: one of net, gross, credits", param_hint="--basis")
+    if per not in (None, "tokens"):
+        raise typer.BadParameter(f"{per!r}: only tokens", param_hint="--per")
     keys = group_keys(by)
     filters = parse_filters(where)
     zone = zone_option(tz) or settings.timezone
     start, end = period_bounds(moment(at, time.time(), zone), period, zone)  # type: ignore[arg-type]
     if reading is not None:
-        return _answer(settings, reading, keys, filters, start, end, peaks, basis)
+        return _answer(settings, reading, keys, filters, start, end, peaks, basis, per)
     # A Redis that never answers ends the command with an error instead of hanging it.
     state = RedisState(connect(settings.redis_url, timeout_s=30), settings.namespace,
                        settings.timezone)
     return _answer(settings, Reading(state, PriceBook.load(settings.prices)), keys, filters,
-                   start, end, peaks, basis)
+                   start, end, peaks, basis, per)
 
 
 def _answer(settings: Settings, reading: Reading, keys: list[str], filters: Filters,
-            start: float, end: float, peaks: bool, basis: str) -> SpendAnswer:
+            start: float, end: float, peaks: bool, basis: str, per: str | None) -> SpendAnswer:
     state = reading.state
     report = spend_report(state, reading.prices.currency, keys, filters, start, end, peaks,
                           basis)
+    if per is not None:
+        from costline.streams.cli.training import with_tokens
+
+        report = with_tokens(report, state, keys, filters, start, end)
     warnings = _short_warning(state, start, end)
     warnings += refused_warnings(settings, state, reading.prices, start, end)
     warnings += [f"no event in this period carries the key {key!r}: its column is empty (—) "
@@ -291,6 +298,9 @@ def register(app: typer.Typer) -> None:
         basis: str = typer.Option("net", help="The money shown and sorted by: net (less "
                                   "credits, refunds and downward adjustments: the bill), "
                                   "gross (before them) or credits (them alone)."),
+        per: str | None = typer.Option(None, metavar="tokens", help="tokens: also give each "
+                                       "group's tokens and steps trained and its spend per "
+                                       "million tokens and per step (progress events)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON: currency, period "
                                      "(start, end) and rows (group, cost (the net), gross, "
                                      "credits, waste; peak_hourly with --peaks), amounts as "
@@ -300,11 +310,15 @@ def register(app: typer.Typer) -> None:
         from costline.streams.cli.root import settings_of
 
         answer = spend_answer(settings_of(ctx), by=by, where=where, period=period, at=at,
-                              tz=zone, peaks=peaks, basis=basis)
+                              tz=zone, peaks=peaks, basis=basis, per=per)
         for warning in answer.warnings:
             typer.echo(f"costline spend: {warning}", err=True)
         if as_json:
             typer.echo(json.dumps(answer.report, indent=2))
+        elif per is not None:
+            from costline.streams.cli.training import print_per_tokens
+
+            print_per_tokens(answer.report, group_keys(by))
         else:
             _table(answer.report, group_keys(by), basis)
 

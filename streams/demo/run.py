@@ -28,6 +28,8 @@ from costline.rules.prices import PriceBook, format_micro
 from costline.streams.demo import enforcement
 from costline.streams.demo.scenario import DEV_BOXES, Scenario, training_cluster
 from costline.streams.demo.summary import print_summary, reclamation, span_text
+from costline.streams.demo.training import stand_ins
+from costline.streams.demo.training_summary import expiry, training_summary
 from costline.streams.settings import Settings
 
 KAFKA_SECURITY_VARIABLES = ("COSTLINE_KAFKA_SECURITY_", "COSTLINE_KAFKA_SASL_",
@@ -50,6 +52,7 @@ class Demo:
         self.kafka_security = PLAINTEXT  # the embedded stack's; the running one's is set later
         self.namespace = f"demo-{secrets.token_hex(3)}"
         self.state_dir = settings.state_dir / "demo"
+        self.checkpoint_root = self.state_dir / "checkpoints" / self.namespace
 
     def say(self, text: str) -> None:
         if not self.quiet:
@@ -60,7 +63,9 @@ class Demo:
         with self._slurm_jobs() as jobs, enforcement.team_jobs(self.say) as team, \
                 self._services(bool(jobs), bool(team)) as env, \
                 self._slack(env) as slack, self._worker(env) as worker:
-            scenario = training_cluster(time.time(), days=self.days, slurm_jobs=jobs)
+            scenario = training_cluster(time.time(), days=self.days, slurm_jobs=jobs,
+                                        checkpoint_root=self.checkpoint_root)
+            stand_ins([e for m in scenario.usage if isinstance(m, list) for e in m])
             self.say(f"[bold]The story[/]: {self.days} days of a training cluster, "
                      f"{span_text(scenario.start, scenario.now, self.settings.timezone)}:")
             for line in scenario.story:
@@ -73,10 +78,16 @@ class Demo:
             lifted = enforcement.job_states(team) if team and not enforcement.lift(
                 env).startswith("not lifted") else []
             summary = self._summary(env, slack, scenario)
-            reclaimed = [r for r in releases if "automation" not in r]
+            # enforcement's records name their automation; the checkpoint lifecycle's carry
+            # what they save a day
+            reclaimed = [r for r in releases
+                         if "automation" not in r and "saves_per_day" not in r]
             summary["reclamation"] = reclamation(reclaimed, PriceBook.load(self.settings.prices),
                                                  self.settings.timezone, live=bool(jobs))
             summary["enforcement"] = enforcement.enforcement_text(releases, held, lifted)
+            summary["expiry_dry_run"] = expiry(releases)
+        if not self.keep:
+            shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         summary["seconds"] = round(time.time() - began, 1)
         if not self.quiet:
             self._print(summary)
@@ -118,7 +129,8 @@ class Demo:
         changes = []
         for source in rule_files([self.settings.rules]):
             document = yaml.load(source.read_text())
-            changes += compress(document.get("rules") or [], live, enforcing)
+            changes += compress(document.get("rules") or [], live, enforcing,
+                                self.checkpoint_root)
             with (target / source.name).open("w") as out:
                 yaml.dump(document, out)
         if changes:
@@ -281,7 +293,8 @@ class Demo:
 
     def _wait_for_releases(self, env: dict[str, str], most: float = 90.0
                            ) -> list[dict[str, Any]]:
-        """The reclamation audit log, once every plan has closed (or ``most`` has passed)."""
+        """The audit log of reclamation and the checkpoint lifecycle, once every plan of both
+        has closed (or ``most`` has passed)."""
         from costline.connectors.kafka import consumer as kafka_consumer
 
         topic = f"{self.namespace}.actions.v1"
@@ -300,12 +313,15 @@ class Demo:
                     plans = {r["plan_id"] for r in records.values()}
                     closed = {r["plan_id"] for r in records.values()
                               if r["step"] in ("executed", "skipped", "failed")}
-                    if plans and plans == closed:
+                    # the checkpoint lifecycle plans on its own clock: wait for it too
+                    lifecycle = any("saves_per_day" in r for r in records.values())
+                    if plans and plans == closed and lifecycle:
                         break
             finally:
                 consumer.close()
         for record in sorted(records.values(), key=lambda r: r["at"]):
-            if record["step"] in ("executed", "skipped", "failed"):
+            if record["step"] in ("executed", "skipped", "failed") and \
+                    "saves_per_day" not in record:  # the checkpoint lifecycle's: summed up
                 what = record.get("automation") or "reclaim"
                 self.say(f"  {what} {record['resource_id']}: {record['step']} — "
                          f"{record['reason']}")
@@ -340,6 +356,7 @@ class Demo:
             "spend_by_category": table("cost", ["category"]),
             "fixed_vs_elastic": table("cost", ["billing"]),
             "waste_by_fault": table("waste", ["fault"]),
+            **training_summary(state, self.settings, scenario.start, end),
             "alerts": alert_rows(AlertStore(redis, self.namespace).book()),
             "slack_messages": slack.posted() if slack else None,
         }
@@ -348,7 +365,8 @@ class Demo:
         print_summary(Console(), summary, self.days)
 
 
-def compress(rules: list[Any], live: bool, enforcing: bool = False) -> list[str]:
+def compress(rules: list[Any], live: bool, enforcing: bool = False,
+             checkpoints: Path | None = None) -> list[str]:
     """Rewrite the shipped rules (YAML mappings, in place) for a demo that plays days in a
     minute, and say what changed:
 
@@ -359,12 +377,20 @@ def compress(rules: list[Any], live: bool, enforcing: bool = False) -> list[str]
     * a rule's ``for`` — how long its condition must hold on the clock before the alert fires
       — is 0s, as the data played already holds it for longer (the log burst lasts 40 minutes,
       the checkpoints grow for hours). An idle rule's ``for`` is counted in its samples, not
-      on the clock, and is kept.
+      on the clock, and is kept;
+    * the checkpoint lifecycle waits a 30 s grace and acts on the demo's stand-in files under
+      ``checkpoints`` (still a dry run: it says what it would move and delete).
     """
     changes = []
     for rule in rules:
         name = rule.get("name")
-        if rule.get("kind") == "idle":
+        if rule.get("kind") == "checkpoint_lifecycle" and rule.get("act"):
+            changes.append(f"{name} grace {rule['act'].get('grace', '1h')} → 30s")
+            rule["act"]["grace"] = "30s"
+            if checkpoints is not None and rule["act"].get("connector") == "filesystem":
+                rule["act"]["root"] = str(checkpoints)
+                rule["act"]["cold_root"] = str(checkpoints.parent / "archive")
+        elif rule.get("kind") == "idle":
             if rule.get("reclaim"):
                 changes.append(f"{name} grace {rule['reclaim'].get('grace', '15m')} → 30s")
                 rule["reclaim"]["grace"] = "30s"

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from costline.streams.demo import training
+
 HOUR = 3600
 INTERRUPTIONS_PER_GPU_DAY = 419 / (54 * 16384)
 
@@ -59,10 +61,11 @@ FOCUS_SAMPLE = Path(__file__).parent / "data" / "focus" / "focus_1.0_sample_1000
 
 
 def training_cluster(now: float, days: int = 10, seed: int = 42,
-                     slurm_jobs: dict[str, str] | None = None) -> Scenario:
+                     slurm_jobs: dict[str, str] | None = None,
+                     checkpoint_root: Path = training.DEFAULT_ROOT) -> Scenario:
     """The last ``days`` days of a 512-GPU pre-training run, post-training experiments, dev
-    boxes (``slurm_jobs``: box → the Slurm job holding it), logs, checkpoints and the cloud
-    bill for the rest."""
+    boxes (``slurm_jobs``: box → the Slurm job holding it), logs, checkpoints (under
+    ``checkpoint_root``) and the cloud bill for the rest."""
     rng = random.Random(seed)
     scenario = Scenario(now=now, start=now - days * 86400)
     _pretraining(scenario, rng)
@@ -71,6 +74,7 @@ def training_cluster(now: float, days: int = 10, seed: int = 42,
     _sweep(scenario)
     _logs(scenario, rng)
     _checkpoints(scenario, rng)
+    _run_42(scenario, checkpoint_root)
     _cloud_bill(scenario)
     return scenario
 
@@ -125,7 +129,9 @@ def _posttraining(s: Scenario, rng: random.Random) -> None:
         for h in range(hours):
             s.usage.append(_usage(f"post-{n}-{h}", begin + h * HOUR, node, "gpu.h100",
                                   "gpu_hour", 8.0, tags))
-    s.story.append("post-training: 60 short SFT/RL experiments on 8-GPU nodes")
+        s.usage.append(training.run_end(job, begin + hours * HOUR - 60, tags, n % 9 == 0))
+    s.story.append("post-training: 60 short SFT/RL experiments on 8-GPU nodes; every ninth, "
+                   "an RL run, failed (NaN loss): its spend bought nothing")
 
 
 def _dev_boxes(s: Scenario, rng: random.Random, slurm_jobs: dict[str, str]) -> None:
@@ -205,6 +211,21 @@ def _checkpoints(s: Scenario, rng: random.Random) -> None:
     s.story.append(f"checkpoints: {RETENTION_BROKE_H} hours ago a config change began saving a "
                    "1 TB checkpoint every 6 minutes and keeping them all: 40 TB kept became "
                    f"{40 + 10 * RETENTION_BROKE_H} TB")
+
+
+def _run_42(s: Scenario, root: Path) -> None:
+    """run-42's progress and checkpoint inventory (``costline.streams.demo.training``)."""
+    broke = s.now - RETENTION_BROKE_H * HOUR
+    s.usage.append(training.progress(s.start, s.now, broke, PRETRAIN))
+    written = training.checkpoints(s.start, s.now, broke, PRETRAIN, root)
+    s.usage.append(written)
+    sdc = next(f["ts"] for f in s.faults if f["event_id"] == "pt-sdc-0")
+    s.usage.append(training.restore(sdc, written, PRETRAIN))
+    s.story.append(f"run-42 trains {training.STEPS_PER_HOUR} steps of 4M tokens an hour at "
+                   f"full speed; each checkpoint stalls it {training.WRITE_S} s, and a slow "
+                   f"node has held every rank back by a fifth for {training.SLOW_H} hours; "
+                   f"{len(written)} checkpoints of 1 TB are kept, the oldest (tagged keep=true) "
+                   "the evaluation baseline")
 
 
 def _cloud_bill(s: Scenario) -> None:

@@ -15,6 +15,7 @@ from rich.table import Table
 from costline.rules.durations import parse_time, rfc3339
 from costline.rules.money import money
 from costline.rules.prices import PriceBook, format_micro
+from costline.streams.demo.training_summary import print_training
 
 
 def print_summary(out: Console, summary: dict[str, Any], days: int) -> None:
@@ -34,6 +35,7 @@ def print_summary(out: Console, summary: dict[str, Any], days: int) -> None:
         out.print(reclamation_text(reclaim, currency, zone))
     if summary.get("enforcement"):
         out.print(summary["enforcement"])
+    print_training(out, summary)
     sent = summary["slack_messages"]
     out.print(f"Slack messages posted: {sent if sent is not None else 'see Slack'} · "
               f"done in {summary['seconds']} s · namespace {summary['namespace']}")

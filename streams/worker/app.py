@@ -56,6 +56,7 @@ from costline.streams.worker.evaluator import Evaluator, RuleSource
 from costline.streams.worker.faust_app import faust_app
 from costline.streams.worker.health import Health
 from costline.streams.worker.intake import Intake
+from costline.streams.worker.lifecycle import CheckpointKeeper, build_keeper, lifecycle_cap_alert
 from costline.streams.worker.metric_help import DESCRIPTIONS
 from costline.streams.worker.metrics import Metrics
 from costline.streams.worker.notifier import (
@@ -277,6 +278,24 @@ class Wiring:
         self.every(self.settings.reclaim_tick_s, "reclaim", reclaimer.tick, on_leader=True)
         return reclaimer
 
+    def checkpoint_lifecycle(self, evaluator: Evaluator) -> CheckpointKeeper:
+        """The checkpoint lifecycle on the leader: its steps to the audit log, an aborted
+        round also as an alert (``costline.streams.worker.lifecycle``)."""
+        send, alert = self.sender("actions"), self.sender("alerts")
+
+        async def publish(record: dict[str, Any]) -> None:
+            await send(str(record.get("action_id", "")).encode(),
+                       json.dumps(record, separators=(",", ":")).encode())
+            if is_cap_breach(record):
+                change = lifecycle_cap_alert(record, _notify_of(evaluator, record.get("rule")))
+                await alert(change["alert_id"].encode(),
+                            json.dumps(change, separators=(",", ":")).encode())
+
+        keeper = build_keeper(self.settings, rules=evaluator.source.rules, sink=publish)
+        self.every(self.settings.reclaim_tick_s, "checkpoint_lifecycle", keeper.tick,
+                   on_leader=True)
+        return keeper
+
     def enforcement(self, evaluator: Evaluator) -> Enforcer:
         """Budget enforcement on the leader: each evaluation's findings, then a tick."""
         send, alert = self.sender("actions"), self.sender("alerts")
@@ -464,6 +483,7 @@ def build_app(settings: Settings, partitions: int | None = None
     aggregation = wiring.aggregation(partitions)
     evaluator = wiring.alerting(aggregation)
     reclaimer = wiring.reclamation(evaluator)
+    wiring.checkpoint_lifecycle(evaluator)
     wiring.notifiers(evaluator, reclaimer, wiring.enforcement(evaluator))
     wiring.api(evaluator)
     wiring.probes()

@@ -32,6 +32,7 @@ QUESTIONS: tuple[list[tuple[str, str]], ...] = (
     [("by", "billing"), ("period", "week"), ("tz", "Asia/Kolkata")],
     [("by", "team"), ("at", "yesterday"), ("period", "day"), ("peaks", "true")],
     [("by", "fault")],
+    [("by", "job"), ("per", "tokens")],
 )
 
 

@@ -100,7 +100,7 @@ def test_a_silence_of_a_rule_that_does_not_exist_is_added_with_a_warning(run) ->
     assert result.stdout.startswith("silence abc123 until ")
     assert result.stderr.startswith(
         f"costline silence add: warning: no rule in {DEFINITIONS} is named 'nosuchrule', so "
-        "the silence mutes nothing until one is (rules: checkpoint-growth, dev-daily, ")
+        "the silence mutes nothing until one is (rules: checkpoint-growth, checkpoint-interval, ")
 
 
 @pytest.mark.parametrize("rule", ["team-monthly", "team-*"])

@@ -55,7 +55,8 @@ def test_lines_the_worker_would_refuse_are_named_by_file_and_line_and_left_out(t
     assert found.rejected == [
         f"{path}:4: field ts: more than 10 minutes in the future",
         f"{path}:10: field resource_type: 'gpu.h999' is not in the price book",
-        f"{path}:11: field kind: Field required (one of usage, utilization, fault)",
+        f"{path}:11: field kind: Field required (one of usage, utilization, fault, progress, "
+        "checkpoint, restore, run_end)",
     ]
 
 
@@ -89,7 +90,8 @@ def test_a_backtest_with_a_far_future_event_finishes_and_says_what_it_skipped(tm
     assert result.stderr.splitlines() == [
         f"{path}:4: field ts: more than 10 minutes in the future",
         f"{path}:10: field resource_type: 'gpu.h999' is not in the price book",
-        f"{path}:11: field kind: Field required (one of usage, utilization, fault)",
+        f"{path}:11: field kind: Field required (one of usage, utilization, fault, progress, "
+        "checkpoint, restore, run_end)",
         "costline rules backtest: 3 lines left out: the worker would refuse them"]
 
 

@@ -254,7 +254,8 @@ INVALID = [
     pytest.param(without(fault(), "units"), "missing_field",
                  ["field units: Field required"], id="missing-units"),
     pytest.param(without(usage(), "kind"), "missing_field",
-                 ["field kind: Field required (one of usage, utilization, fault)"],
+                 ["field kind: Field required (one of usage, utilization, fault, progress, "
+                  "checkpoint, restore, run_end)"],
                  id="missing-kind"),
     pytest.param(usage(quantity=True), "bad_type", ["field quantity: ", "valid number"],
                  id="quantity-true"),
@@ -267,7 +268,8 @@ INVALID = [
     pytest.param(usage(colour="red"), "unknown_field",
                  ["field colour: Extra inputs are not permitted"], id="unknown-field"),
     pytest.param(usage(kind="invoice"), "unknown_kind",
-                 ["field kind: 'invoice' is not one of usage, utilization, fault"],
+                 ["field kind: 'invoice' is not one of usage, utilization, fault, progress, "
+                  "checkpoint, restore, run_end"],
                  id="unknown-kind"),
     pytest.param(usage(quantity=-1), "out_of_range",
                  ["field quantity: ", "greater than or equal to 0"], id="negative-quantity"),

@@ -171,4 +171,4 @@ def test_the_openapi_document_lists_every_route_and_spend_parameter(state: State
     assert sorted(paths) == sorted(api_routes)
     names = [p["name"] for p in paths["/api/v1/spend"]["get"]["parameters"]]
     assert names == spend.known() == ["by", "where", "period", "at", "tz", "peaks",
-                                         "basis"]
+                                         "basis", "per"]

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from costline.rules.events import (
+    EVENT_KINDS,
+    EVENT_MODELS,
+    CheckpointEvent,
     FaultEvent,
     FaultType,
     Parsed,
     UsageEvent,
-    UtilizationEvent,
     parse_message,
 )
 from costline.rules.prices import PriceBook
@@ -39,7 +41,7 @@ EXAMPLES = re.findall(r"```json\n(.*?)```", EVENTS, re.S)
 
 def test_the_events_section_shows_one_event_of_each_kind_and_a_credit() -> None:
     kinds = [json.loads(example)["kind"] for example in EXAMPLES]
-    assert sorted(set(kinds)) == ["fault", "usage", "utilization"]
+    assert sorted(set(kinds)) == sorted(EVENT_KINDS)
     assert any(json.loads(e).get("charge") == "credit" and json.loads(e)["cost"] < 0
                for e in EXAMPLES)
 
@@ -53,6 +55,8 @@ def test_each_example_event_is_counted_by_the_worker(example: str) -> None:
         PRICES.charge(event)
     elif isinstance(event, FaultEvent):
         assert PRICES.waste(event) > 0
+    elif isinstance(event, CheckpointEvent):
+        PRICES.storage_price(event.tier)
 
 
 def test_every_fault_type_is_listed() -> None:
@@ -62,12 +66,13 @@ def test_every_fault_type_is_listed() -> None:
 
 
 def test_the_integer_fields_are_named_as_whole_numbers() -> None:
-    whole = {name for model in (UsageEvent, UtilizationEvent, FaultEvent)
+    whole = {name for model in EVENT_MODELS
              for name, field in model.model_fields.items()
              if int in _types(field.annotation) and float not in _types(field.annotation)}
-    assert whole == {"units"}
-    for name in whole:
-        assert f"`{name}` is a whole number" in WORDS
+    assert whole == {"units", "step", "steps", "tokens", "samples", "bytes"}
+    said = re.search(r"Whole numbers: (.*?) \(`512`", WORDS)
+    assert said is not None
+    assert set(re.findall(r"`([a-z_]+)`", said.group(1))) == whole
 
 
 def test_fault_events_are_said_to_need_a_resource_type() -> None:
@@ -85,3 +90,13 @@ def _types(annotation: object) -> set[object]:
     for argument in typing.get_args(annotation):
         found |= _types(argument)
     return found
+
+
+def test_the_rule_cookbook_loads() -> None:
+    from costline.connectors.plugins import PLUGINS
+    from costline.rules.loader import load_rule_text
+
+    cookbook = section("### Rule cookbook")
+    [block] = re.findall(r"```yaml\n(.*?)```", cookbook, re.S)
+    kinds = {rule.kind for rule in load_rule_text(block, plugins=PLUGINS)}
+    assert {"checkpoint_lifecycle", "checkpoint_interval"} <= kinds

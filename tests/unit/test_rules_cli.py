@@ -39,7 +39,7 @@ def costline(runner: CliRunner, *args: str) -> tuple[int, str]:
 
 
 def test_validate_accepts_the_shipped_rules(run: CliRunner) -> None:
-    assert costline(run, "rules", "validate", str(DEFINITIONS)) == (0, "ok: 7 rules in 4 files\n")
+    assert costline(run, "rules", "validate", str(DEFINITIONS)) == (0, "ok: 10 rules in 5 files\n")
 
 
 def test_validate_prints_one_positioned_line_per_problem(run: CliRunner) -> None:
@@ -188,7 +188,7 @@ def test_backtest_shows_when_alerts_would_have_fired(run: CliRunner, tmp_path: P
 def test_validate_json_says_what_loaded(run: CliRunner) -> None:
     code, out = costline(run, "rules", "validate", "--json", str(DEFINITIONS))
     assert code == 0
-    assert json.loads(out) == {"valid": True, "rules": 7, "files": 4, "problems": []}
+    assert json.loads(out) == {"valid": True, "rules": 10, "files": 5, "problems": []}
 
 
 def test_validate_json_lists_each_problem_with_its_position(run: CliRunner) -> None:

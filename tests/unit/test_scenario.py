@@ -81,13 +81,17 @@ def test_the_story_plays_the_same_days_ending_now_whatever_the_day(now: float) -
 def test_every_advertised_alert_fires_whatever_the_day(engine: Engine, now: float) -> None:
     """The log explosion fires (not pending), the checkpoint growth raises an alert, the
     day's fault waste, the three idle boxes, and research's sweep past its daily GPU line on
-    the Slurm partition (the team the demo holds) too."""
+    the Slurm partition (the team the demo holds) too; run-42's cost per token regressed, its
+    checkpoint interval costs far more than the optimum, and checkpoints are past their
+    retention."""
     book = engine.evaluate(played(now), now, AlertBook()).book
     states = sorted((alert.rule, alert.state) for alert in book.active()
                     if alert.rule != "team-monthly")  # a calendar month: see the next test
-    assert states == [("checkpoint-growth", "firing"), ("fault-waste-share", "firing"),
+    assert states == [("checkpoint-growth", "firing"), ("checkpoint-interval", "firing"),
+                      ("checkpoint-retention", "firing"), ("fault-waste-share", "firing"),
                       ("gpu-idle", "firing"), ("gpu-idle", "firing"), ("gpu-idle", "firing"),
-                      ("log-explosion", "firing"), ("slurm-daily-gpu", "firing")]
+                      ("log-explosion", "firing"), ("slurm-daily-gpu", "firing"),
+                      ("token-cost-regression", "firing")]
 
 
 def test_the_monthly_budget_sees_only_this_months_part_of_the_days_played(
@@ -120,7 +124,7 @@ def test_the_story_says_what_the_checkpoints_and_logs_show() -> None:
     now = ANY_DAY["the 3rd"]
     scenario = training_cluster(now)
     checkpoints = [m["quantity"] for m in scenario.usage
-                   if isinstance(m, dict) and m["resource_type"] == "storage.checkpoint"]
+                   if isinstance(m, dict) and m.get("resource_type") == "storage.checkpoint"]
     said = " ".join(scenario.story)
     assert "40 TB kept became 160 TB" in said
     assert 40_000 * 0.98 < checkpoints[0] < 40_000 * 1.02

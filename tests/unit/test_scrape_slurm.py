@@ -180,3 +180,41 @@ def test_squeue_failures_are_reported(tmp_path: Path) -> None:
         parse_squeue("squeue: error: Invalid user")
     with pytest.raises(SqueueError, match="no jobs list"):
         parse_squeue(json.dumps({"errors": ["x"]}))
+
+
+# ── training runs' ends ───────────────────────────────────────────────────────────────────
+
+
+def _ended(state: str, comment: str = "project=llm-70b stage=pretrain", end: float = 1000.0
+           ) -> dict[str, object]:
+    return {"job_id": 4242, "name": "run-42", "job_state": state, "start_time": 100,
+            "end_time": end, "comment": comment, "tres_alloc_str": "cpu=8,gres/gpu=8"}
+
+
+@pytest.mark.parametrize("state, status", [
+    ("FAILED", "failed"), ("NODE_FAIL", "failed"), ("TIMEOUT", "failed"),
+    ("OUT_OF_MEMORY", "failed"), ("CANCELLED", "cancelled"), ("COMPLETED", "succeeded")])
+def test_a_training_runs_end_is_reported(state: str, status: str) -> None:
+    from costline.rules.events import RunEndEvent
+
+    scraper = SlurmScraper(60, BOOK)
+    [end] = [e for e in scraper.events([parse_job(_ended(state), "a")], 2000.0)
+             if isinstance(e, RunEndEvent)]
+    assert (end.status.value, end.ts, end.event_id) == (status, 1000.0, "slurm:a:4242:end:1000")
+    assert end.tags["job"] == "run-42" and end.reason == f"Slurm job 4242 {state}"
+
+
+def test_only_training_runs_have_their_end_reported() -> None:
+    scraper = SlurmScraper(60, BOOK)
+    notebook = parse_job(_ended("CANCELLED", comment="stage=dev"), "a")
+    running = parse_job({**_ended("RUNNING"), "end_time": 5000}, "a")
+    assert [e.kind for e in scraper.events([notebook, running], 2000.0)] == ["usage"]
+    everything = SlurmScraper(60, BOOK, runs={"stage": ("*",)})
+    assert [e.kind for e in everything.events([notebook], 2000.0)] == ["run_end"]
+
+
+def test_a_job_seen_ended_in_two_rounds_is_one_event() -> None:
+    scraper = SlurmScraper(60, BOOK)
+    job = parse_job(_ended("FAILED"), "a")
+    first, second = scraper.events([job], 2000.0), scraper.events([job], 2060.0)
+    assert [e.event_id for e in first] == [e.event_id for e in second]
