@@ -161,8 +161,10 @@ def _check_runs(env: dict[str, str], now: float) -> None:
     if now - 3 * HOUR >= start:  # sft-7's hours are in this month
         by_fault = cli_json(env, "spend", "--by", "fault", "--where", "job=sft-7")
         assert by_fault["rows"] == [
-            {"group": {"fault": ""}, "cost": "39.840000", "waste": "0.000000"},
-            {"group": {"fault": "failed_run"}, "cost": "0.000000", "waste": "39.840000"}]
+            {"group": {"fault": ""}, "cost": "39.840000", "gross": "39.840000",
+             "credits": "0.000000", "waste": "0.000000"},
+            {"group": {"fault": "failed_run"}, "cost": "0.000000", "gross": "0.000000",
+             "credits": "0.000000", "waste": "39.840000"}]
 
 
 def _check_inventory(env: dict[str, str]) -> None:
