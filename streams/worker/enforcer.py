@@ -14,7 +14,6 @@ from the values recorded. The decisions are ``costline.rules.enforce``'s.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -59,6 +58,7 @@ from costline.rules.findings import Finding
 from costline.rules.kinds.budget import BudgetRule
 from costline.rules.loader import RuleSet
 from costline.streams.settings import Settings
+from costline.streams.worker.plan_rounds import error_text, flush_outbox, round_breach
 
 log = logging.getLogger("costline.enforce")
 
@@ -151,7 +151,7 @@ class Enforcer:
             await self._ledger.close_unplanned(plan, record.to_dict(), self._cooldown_s)
             return
         except Exception as exc:  # noqa: BLE001 - any failure to look up closes the plan
-            record = unplanned(plan, Outcome("failed", f"cannot identify: {_error(exc)}"))
+            record = unplanned(plan, Outcome("failed", f"cannot identify: {error_text(exc)}"))
             await self._ledger.close_unplanned(plan, record.to_dict(), self._cooldown_s)
             return
         if await self._ledger.open(plan, planned(plan, self._describe(plan)).to_dict()):
@@ -219,12 +219,9 @@ class Enforcer:
                 await self._ledger.close(tracked.plan.plan_id, "warned", record.to_dict(),
                                          self._cooldown_s)
         cap = rule.enforce.params.get("max_per_hour")
-        ids = [t.plan.plan_id for t in live]
-        breach = cap_breach(cap, len(live), await self._ledger.released(name, now, ids))
-        if breach is None and live:
-            held = await self._ledger.reserve(name, ids, now, cap or DEFAULT_MAX_PER_HOUR)
-            if held is not None:
-                breach = cap_breach(cap, len(live), held) or "aborted: max_per_hour reached"
+        breach = await round_breach(self._ledger, name, [t.plan.plan_id for t in live], now,
+                                    cap or DEFAULT_MAX_PER_HOUR,
+                                    lambda done: cap_breach(cap, len(live), done))
         if breach is not None:
             log.warning("rule %s: %s", name, breach)
             for tracked in live:
@@ -251,7 +248,7 @@ class Enforcer:
         except NotEnforceable as exc:
             outcome = Outcome(exc.step, exc.reason)
         except Exception as exc:  # noqa: BLE001 - reported as the plan's failure
-            outcome = Outcome("failed", _error(exc))
+            outcome = Outcome("failed", error_text(exc))
         detail = {**outcome.detail, **_approval(tracked)}
         reason = f"{how}{outcome.reason}"
         if outcome.step == "executed":
@@ -287,7 +284,7 @@ class Enforcer:
                 return
             outcome = await connector.apply(plan, more)
         except Exception as exc:  # noqa: BLE001 - the next tick sweeps again
-            log.warning("sweep of %s failed: %s", plan.subject, _error(exc))
+            log.warning("sweep of %s failed: %s", plan.subject, error_text(exc))
             return
         step: EnforceStep = "executed" if outcome.step == "executed" else "failed"
         record = EnforceRecord(plan, step, f"sweep: {outcome.reason}", now, outcome.detail,
@@ -316,7 +313,7 @@ class Enforcer:
                 raise RuntimeError(f"connector {plan.connector} is not available")
             outcome = await connector.lift(plan, before)
         except Exception as exc:  # noqa: BLE001 - retried
-            outcome = Outcome("failed", _error(exc))
+            outcome = Outcome("failed", error_text(exc))
         if outcome.step == "executed":
             record = EnforceRecord(plan, closing, f"{reason}: {outcome.reason}", now,
                                    outcome.detail)
@@ -389,26 +386,12 @@ class Enforcer:
 
     async def flush(self) -> list[dict[str, Any]]:
         """Hand the outbox to the sink, oldest first; stop at the first refusal."""
-        handed: list[dict[str, Any]] = []
-        for item in await self._ledger.outbox():
-            record = json.loads(item)
-            try:
-                await self._sink(record)
-            except Exception as exc:  # noqa: BLE001 - kept in the outbox for the next call
-                log.warning("action sink refused %s: %s", record.get("action_id"), _error(exc))
-                break
-            await self._ledger.sent(item)
-            handed.append(record)
-        return handed
+        return await flush_outbox(self._ledger, self._sink, log)
 
 
 def _approval(tracked: Enforcement) -> dict[str, Any]:
     return {"approved_by": tracked.approved_by} if tracked.approved_by else {}
 
-
-def _error(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 def build_enforcer(settings: Settings, rules: RuleSource, sink: Sink,

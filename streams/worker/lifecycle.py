@@ -18,7 +18,6 @@ under a hash tag of its own.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -59,6 +58,7 @@ from costline.rules.reclaim import (
 )
 from costline.rules.state import StateView, matches
 from costline.streams.settings import Settings
+from costline.streams.worker.plan_rounds import error_text, flush_outbox, round_breach
 
 log = logging.getLogger("costline.checkpoints")
 
@@ -187,7 +187,7 @@ class CheckpointKeeper:
         except NotReclaimable as exc:
             return {}, Outcome(exc.step, exc.reason)
         except Exception as exc:  # noqa: BLE001 - any failure to look up closes the plan
-            return {}, Outcome("failed", f"cannot identify the checkpoint: {_error(exc)}")
+            return {}, Outcome("failed", f"cannot identify the checkpoint: {error_text(exc)}")
 
     async def _follow_up(self, tracked: Tracked, now: float) -> None:
         """A plan opened by a worker that died before announcing it; a claim never settled."""
@@ -241,14 +241,9 @@ class CheckpointKeeper:
         """Caps first: if this round's actions break one, none of them happens."""
         assert rule.act is not None
         safety = safety_of(rule.act.params)
-        ids = [t.plan.plan_id for t in live]
-        before = await self._ledger.released(rule.name, now, excluding=ids)
-        breach = cap_breach(safety, len(live), matched, before)
-        if breach is None:
-            held = await self._ledger.reserve(rule.name, ids, now, safety.max_per_hour)
-            if held is not None:
-                breach = cap_breach(safety, len(live), matched, held) or (
-                    f"aborted: max_per_hour {safety.max_per_hour} reached")
+        breach = await round_breach(self._ledger, rule.name, [t.plan.plan_id for t in live],
+                                    now, safety.max_per_hour,
+                                    lambda done: cap_breach(safety, len(live), matched, done))
         if breach is not None:
             log.warning("rule %s: %s", rule.name, breach)
             for tracked in live:
@@ -290,7 +285,7 @@ class CheckpointKeeper:
         except NotReclaimable as exc:
             return Outcome(exc.step, exc.reason)
         except Exception as exc:  # noqa: BLE001 - reported as the plan's failure
-            return Outcome("failed", _error(exc))
+            return Outcome("failed", error_text(exc))
 
     async def _close(self, tracked: Tracked, step: str, reason: str, now: float,
                      detail: Mapping[str, Any] | None = None) -> None:
@@ -310,17 +305,7 @@ class CheckpointKeeper:
 
     async def flush(self) -> list[dict[str, Any]]:
         """Hand the outbox to the sink, oldest first; stop at the first refusal."""
-        handed: list[dict[str, Any]] = []
-        for item in await self._ledger.outbox():
-            record = json.loads(item)
-            try:
-                await self._sink(record)
-            except Exception as exc:  # noqa: BLE001 - kept in the outbox for the next call
-                log.warning("action sink refused %s: %s", record.get("action_id"), _error(exc))
-                break
-            await self._ledger.sent(item)
-            handed.append(record)
-        return handed
+        return await flush_outbox(self._ledger, self._sink, log)
 
 
 def lifecycle_cap_alert(record: Mapping[str, Any], notify: Mapping[str, Any] | None = None
@@ -357,7 +342,3 @@ def build_keeper(settings: Settings, rules: RuleSource, sink: Sink, **options: A
         ledger=RedisReclaimLedger(connect_async(settings.redis_url), settings.namespace,
                                   area="checkpoints"), **options)
 
-
-def _error(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__

@@ -3,10 +3,11 @@
 DESCRIPTIONS: dict[str, str] = {
     "messages_total": "input messages taken from Kafka",
     "entries_total": "events of accepted input messages sent to the ledger",
-    "events_total": "events counted into Redis",
+    "events_total": "ledger entries counted into Redis: one per event, one per quantity "
+                    "(tokens, steps, samples) of a progress event",
     "rejected_total": "input messages sent to the dead-letter topic, by reason",
     "batches_total": "Redis batch writes applied",
-    "events_duplicate_total": "events ignored because their id was counted",
+    "events_duplicate_total": "ledger entries ignored because their event was counted",
     "ledger_records_replayed_total": "ledger records skipped as already applied",
     "ledger_records_unreadable_total": "ledger records that were not ledger records",
     "redis_apply_seconds": "latency of one batch write to Redis",

@@ -14,7 +14,6 @@ The decisions are ``costline.rules.reclaim``'s; this module only does the I/O ar
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -60,6 +59,7 @@ from costline.rules.reclaim import (
 )
 from costline.rules.state import ResourceSamples, StateView
 from costline.streams.settings import Settings
+from costline.streams.worker.plan_rounds import error_text, flush_outbox, round_breach
 
 log = logging.getLogger("costline.reclaim")
 
@@ -161,7 +161,7 @@ class Reclaimer:
         except NotReclaimable as exc:
             return {}, Outcome(exc.step, exc.reason)
         except Exception as exc:  # noqa: BLE001 - any failure to look up closes the plan
-            return {}, Outcome("failed", f"cannot identify the target: {_error(exc)}")
+            return {}, Outcome("failed", f"cannot identify the target: {error_text(exc)}")
 
     async def _warn(self, tracked: Tracked, now: float) -> None:
         record = warned(tracked.plan, now).to_dict()
@@ -169,7 +169,8 @@ class Reclaimer:
             try:
                 await self._warn_hook(tracked.plan, record)
             except Exception as exc:  # noqa: BLE001 - retried on the next tick
-                log.warning("could not warn about %s: %s", tracked.plan.resource_id, _error(exc))
+                log.warning("could not warn about %s: %s", tracked.plan.resource_id,
+                            error_text(exc))
                 return
         await self._ledger.advance(tracked.plan.plan_id, "planned", "warned", record, now)
 
@@ -251,14 +252,9 @@ class Reclaimer:
         """Caps first: if this evaluation's releases break one, none of them happens."""
         assert rule.reclaim is not None
         safety = Safety.of(rule.reclaim.params)
-        ids = [t.plan.plan_id for t in live]
-        before = await self._ledger.released(rule.name, now, excluding=ids)
-        breach = cap_breach(safety, len(live), matched, before)
-        if breach is None:
-            held = await self._ledger.reserve(rule.name, ids, now, safety.max_per_hour)
-            if held is not None:
-                breach = cap_breach(safety, len(live), matched, held) or (
-                    f"aborted: max_per_hour {safety.max_per_hour} reached")
+        breach = await round_breach(self._ledger, rule.name, [t.plan.plan_id for t in live],
+                                    now, safety.max_per_hour,
+                                    lambda done: cap_breach(safety, len(live), matched, done))
         if breach is not None:
             log.warning("rule %s: %s", rule.name, breach)
             for tracked in live:
@@ -291,7 +287,7 @@ class Reclaimer:
         except NotReclaimable as exc:
             return Outcome(exc.step, exc.reason)
         except Exception as exc:  # noqa: BLE001 - reported as the plan's failure
-            return Outcome("failed", _error(exc))
+            return Outcome("failed", error_text(exc))
 
     async def _close(self, tracked: Tracked, step: Step, reason: str, now: float,
                      detail: Mapping[str, Any] | None = None) -> None:
@@ -343,17 +339,7 @@ class Reclaimer:
 
     async def flush(self) -> list[dict[str, Any]]:
         """Hand the outbox to the sink, oldest first; stop at the first refusal."""
-        handed: list[dict[str, Any]] = []
-        for item in await self._ledger.outbox():
-            record = json.loads(item)
-            try:
-                await self._sink(record)
-            except Exception as exc:  # noqa: BLE001 - kept in the outbox for the next call
-                log.warning("action sink refused %s: %s", record.get("action_id"), _error(exc))
-                break
-            await self._ledger.sent(item)
-            handed.append(record)
-        return handed
+        return await flush_outbox(self._ledger, self._sink, log)
 
 
 def build_reclaimer(settings: Settings, rules: RuleSource, sink: Sink,
@@ -402,7 +388,3 @@ class ReclaimActions:
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
-
-def _error(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
