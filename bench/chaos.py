@@ -48,6 +48,7 @@ import os
 import platform
 import random
 import secrets
+import signal
 import sys
 import tempfile
 import textwrap
@@ -71,6 +72,7 @@ if str(REPO) not in sys.path:  # the test helpers below live in the repository, 
 
 from bench.common import counted, forget_namespace, redis_client  # noqa: E402
 from costline.connectors.kafka import admin  # noqa: E402
+from costline.connectors.redis_client import connect, connect_node  # noqa: E402
 from costline.connectors.redis_keys import slot_tag, wm_key  # noqa: E402
 from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread  # noqa: E402
 from costline.streams import stack  # noqa: E402
@@ -130,7 +132,10 @@ EXERCISES = {
              "not running): window writes, watermark reads, the Slack and reclaim ledgers fail "
              "and are retried with backoff while `/healthz` says degraded; watermarks, sums "
              "and the dedup memory come back together from the append-only file, and a home "
-             "partition whose watermark came back older is read again from the ledger.",
+             "partition whose watermark came back older is read again from the ledger. On a "
+             "Redis Cluster (`--redis-state-dir`), one master at random is killed with "
+             "SIGKILL and its stack's supervisor starts it again from its append-only file: "
+             "the slots it serves fail meanwhile, the others go on.",
     "kafka": "the broker (also group coordinator) is stopped and started again the same "
              "way (`--kafka-port`), and returns with its log. The producer buffers and "
              "retries idempotently, Faust reconnects and rejoins, commits and dead-letter "
@@ -173,6 +178,7 @@ class Config:
     rate: float = 800.0  # events per second
     seed: int = 1
     state_dir: Path | None = None
+    redis_state_dir: Path | None = None  # another stack's Redis (a Redis Cluster) instead
     namespace: str | None = None
     work_dir: Path | None = None
     keep: bool = False
@@ -189,7 +195,8 @@ class Config:
                 f"--redis-restarts {self.redis_restarts} --kafka-restarts "
                 f"{self.kafka_restarts} --rebalances {self.rebalances}",
                 f"--rate {self.rate:g} --seed {self.seed} --state-dir "
-                f"{self.state_dir or '/tmp/chaos-stack'}"]
+                f"{self.state_dir or '/tmp/chaos-stack'}"
+                + (f" --redis-state-dir {self.redis_state_dir}" if self.redis_state_dir else "")]
 
 
 @dataclass(frozen=True)
@@ -198,25 +205,34 @@ class Stack:
     bootstrap: str
     redis_url: str
     kafka_log: Path
+    redis_dir: Path  # the stack whose Redis a fault restarts (``state_dir`` unless told)
+    redis_cluster: bool = False
 
 
-def find_stack(state_dir: Path | None) -> Stack:
-    """The running stack whose Kafka (Apache, log on disk) and Redis (AOF) may be restarted."""
+def find_stack(state_dir: Path | None, redis_state_dir: Path | None = None) -> Stack:
+    """The running stack whose Kafka (Apache, log on disk) and Redis (AOF) may be restarted;
+    with ``redis_state_dir``, the Redis (a single one or a Redis Cluster) of that stack."""
     folder = state_dir or (Path(os.environ["COSTLINE_STATE_DIR"])
                            if os.environ.get("COSTLINE_STATE_DIR") else None)
     if folder is None:
         raise NoStack("no stack folder: pass --state-dir or set COSTLINE_STATE_DIR")
-    info = stack.status(folder)
-    roles = {service.role: service for service in info.services}
-    missing = [role for role in ("kafka", "redis")
-               if role not in roles or roles[role].state != "running"]
-    if missing:
-        raise NoStack(f"the stack in {folder} does not run {' and '.join(missing)}")
+    roles = _running(folder, ("kafka",) if redis_state_dir else ("kafka", "redis"))
     if roles["kafka"].flavor != "apache":
         raise NoStack(f"the stack in {folder} runs Kafka as {roles['kafka'].name}, which "
                       "keeps no log across a restart; start it with --kafka apache")
-    return Stack(folder, info.exports["COSTLINE_KAFKA_BOOTSTRAP"],
-                 info.exports["COSTLINE_REDIS_URL"], Path(roles["kafka"].log))
+    redis_dir = redis_state_dir or folder
+    redis = _running(redis_dir, ("redis",))["redis"]
+    return Stack(folder, stack.status(folder).exports["COSTLINE_KAFKA_BOOTSTRAP"],
+                 stack.status(redis_dir).exports["COSTLINE_REDIS_URL"],
+                 Path(roles["kafka"].log), redis_dir, redis.flavor == "cluster")
+
+
+def _running(folder: Path, needed: Sequence[str]) -> dict[str, Any]:
+    roles = {service.role: service for service in stack.status(folder).services}
+    missing = [role for role in needed if role not in roles or roles[role].state != "running"]
+    if missing:
+        raise NoStack(f"the stack in {folder} does not run {' and '.join(missing)}")
+    return roles
 
 
 # ── the expectation ──────────────────────────────────────────────────────────────────────
@@ -695,9 +711,9 @@ class FaultDriver:
     """Injects the planned faults one after the other, each at its moment or as soon as the
     previous one is over; a worker that exits by itself meanwhile is restarted."""
 
-    def __init__(self, cluster: Cluster, stack_dir: Path, rng: random.Random, began: float,
+    def __init__(self, cluster: Cluster, found: Stack, rng: random.Random, began: float,
                  members: Callable[[], int]) -> None:
-        self.cluster, self.stack_dir, self.rng, self.began = cluster, stack_dir, rng, began
+        self.cluster, self.stack, self.rng, self.began = cluster, found, rng, began
         self.members = members
         self.faults: list[Fault] = []
         self.actions: dict[str, Callable[[], str]] = {
@@ -732,11 +748,13 @@ class FaultDriver:
         return name
 
     def _redis(self) -> str:
-        stack.restart(self.stack_dir, "redis")
+        if self.stack.redis_cluster:
+            return kill_cluster_master(self.stack.redis_url, self.rng)
+        stack.restart(self.stack.redis_dir, "redis")
         return "redis"
 
     def _kafka(self) -> str:
-        stack.restart(self.stack_dir, "kafka")
+        stack.restart(self.stack.state_dir, "kafka")
         return "kafka"
 
     def _join(self) -> str:
@@ -758,6 +776,28 @@ class FaultDriver:
     def _leave(self) -> str:
         self.cluster.stop("w3")
         return "w3"
+
+
+def kill_cluster_master(url: str, rng: random.Random, within_s: float = 60.0) -> str:
+    """SIGKILL one master of the Redis Cluster at ``url`` and wait until it answers again
+    (the stack's supervisor starts it); its address is the fault's target."""
+    with connect(url, timeout_s=5) as cluster:
+        node = rng.choice(sorted(cluster.get_primaries(), key=lambda n: n.port))
+    address = f"redis://{node.host}:{node.port}/0"
+    with connect_node(address, timeout_s=5) as master:
+        pid = int(master.info("server")["process_id"])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with connect_node(address, timeout_s=1, connect_timeout_s=1) as master:
+                if master.ping() and master.info("persistence").get("loading") == 0:
+                    return f"{node.host}:{node.port}"
+        except (RedisError, OSError):
+            pass
+        time.sleep(0.1)
+    raise ChaosError(f"the Redis Cluster master {node.host}:{node.port} did not come back "
+                     f"in {within_s:.0f} s")
 
 
 def measure(faults: Sequence[Fault], samples: Sequence[Sample], tolerance: int) -> None:
@@ -875,7 +915,7 @@ def check_slack(slack: LocalSlackThread, bootstrap: str, redis_url: str,
                 namespace: str) -> Check:
     changes, periods = alert_periods(bootstrap, namespace)
     server = slack.server
-    redis = Redis.from_url(redis_url)
+    redis = redis_client(redis_url, timeout_s=5.0)
     try:
         roots = root_alerts(server, redis, namespace, list(periods)) if server else []
         ambiguous = int(redis.hget(f"{{{namespace}:slack}}:counts", "ambiguous") or 0)
@@ -997,9 +1037,12 @@ def machine(redis_url: str, kafka_log: Path) -> dict[str, Any]:
                    if line.startswith("MemTotal")), None)
     kafka = next((line.split("Kafka version:", 1)[1].split()[0]
                   for line in reversed(_lines(kafka_log)) if "Kafka version:" in line), "?")
-    client = Redis.from_url(redis_url)
+    client = redis_client(redis_url, timeout_s=5.0)
     try:
-        redis_version = client.info("server").get("redis_version", "?")
+        info = client.info("server")
+        # a cluster client answers per node: any node's version will do
+        server = next(iter(info.values())) if "redis_version" not in info else info
+        redis_version = server.get("redis_version", "?")
     finally:
         client.close()
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_mib": memory,
@@ -1214,7 +1257,7 @@ class Run:
         machine_info = machine(self.stack.redis_url, self.stack.kafka_log)
         try:
             cluster = self.prepare()
-            driver = FaultDriver(cluster, self.stack.state_dir, self.rng, self.began,
+            driver = FaultDriver(cluster, self.stack, self.rng, self.began,
                                  self.group_members)
             self.stream_with_faults(driver)
             self.drain(cluster)
@@ -1399,7 +1442,7 @@ class Run:
 
 def run(config: Config) -> Report:
     """Carry out one chaos run; raises ``NoStack`` when there is no stack to restart."""
-    return Run(config, find_stack(config.state_dir)).execute()
+    return Run(config, find_stack(config.state_dir, config.redis_state_dir)).execute()
 
 
 # ── command line ─────────────────────────────────────────────────────────────────────────
@@ -1420,6 +1463,10 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="the costline stack to restart (default $COSTLINE_STATE_DIR)")
+    parser.add_argument("--redis-state-dir", type=Path, default=None,
+                        help="use the Redis of this costline stack instead, e.g. a Redis "
+                        "Cluster (stack up --kafka none --redis cluster): a Redis restart "
+                        "is then a kill -9 of one master, which the stack starts again")
     parser.add_argument("--namespace", default=None, help="default: chaos<random hex>")
     parser.add_argument("--keep", action="store_true",
                         help="keep the run's topics and Redis keys")
@@ -1434,7 +1481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = Config(events=args.events, malformed=args.malformed, kills=args.kills,
                     redis_restarts=args.redis_restarts, kafka_restarts=args.kafka_restarts,
                     rebalances=args.rebalances, rate=args.rate, seed=args.seed,
-                    state_dir=args.state_dir, namespace=args.namespace, keep=args.keep)
+                    state_dir=args.state_dir, redis_state_dir=args.redis_state_dir,
+                    namespace=args.namespace, keep=args.keep)
     try:
         report = run(config)
     except ChaosError as exc:

@@ -1,6 +1,8 @@
 """The reduced chaos run (``bench/chaos.py``): 200,000 events and 10,000 malformed messages
 through two workers while workers are killed, Redis and Kafka restart and rebalances are
-forced. Totals, dead letters, Slack posts and reclamation must come out exact.
+forced. Totals, dead letters, Slack posts and reclamation must come out exact. It runs again,
+shorter, on a Redis Cluster of the test's own, one master of which is killed each time
+Redis would restart.
 
 It restarts the Kafka and Redis of the ``costline stack`` that runs the services under test,
 so it needs that stack's folder (``COSTLINE_STATE_DIR``). The figures are printed, not
@@ -9,22 +11,43 @@ asserted: on a shared machine they say how loaded it was, not whether the pipeli
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from bench import chaos
 from tests.conftest import unavailable
+from tests.integration.redis_stores import ClusterRedis
+
+RUNS = {
+    "single": chaos.Config(events=200_000, malformed=10_000, kills=10),
+    # about half as long: the cluster run proves the same checks hold when one master of
+    # three dies, and CI's time is shared with everything else
+    "cluster": chaos.Config(events=100_000, malformed=5_000, kills=5, redis_restarts=2,
+                            kafka_restarts=1, rebalances=1),
+}
 
 
+@pytest.mark.parametrize("redis", list(RUNS))
 def test_totals_dead_letters_alerts_and_releases_stay_exact_under_chaos(
-        stack_state_dir: Path, kafka_namespace: str, tmp_path: Path) -> None:
-    config = chaos.Config(events=200_000, malformed=10_000, kills=10, state_dir=stack_state_dir,
-                          namespace=kafka_namespace, work_dir=tmp_path)
+        redis: str, stack_state_dir: Path, kafka_namespace: str, tmp_path: Path) -> None:
+    store = ClusterRedis(tmp_path / "redis-cluster") if redis == "cluster" else None
+    base = RUNS[redis]
+    config = replace(base, state_dir=stack_state_dir,
+                     redis_state_dir=store.state if store else None,
+                     namespace=kafka_namespace, work_dir=tmp_path)
     try:
         report = chaos.run(config)
     except chaos.NoStack as exc:
         unavailable("a restartable costline stack", str(exc))
+    finally:
+        if store is not None:
+            store.stop()
     print(report.render_text())
     (tmp_path / "report.json").write_text(report.to_json())
     failed = [f"{check.name}: {check.detail}" for check in report.checks if not check.ok]
     assert not failed, f"{failed}; logs and report.json in {tmp_path}"
-    assert report.fault_counts()["kill"] >= 10
+    faults = report.fault_counts()
+    assert faults["kill"] >= base.kills
+    assert faults["redis"] == base.redis_restarts
