@@ -58,7 +58,7 @@ from costline.rules.findings import Finding
 from costline.rules.kinds.budget import BudgetRule
 from costline.rules.loader import RuleSet
 from costline.streams.settings import Settings
-from costline.streams.worker.plan_rounds import error_text, flush_outbox, round_breach
+from costline.streams.worker.plan_rounds import act_round, error_text, flush_outbox
 
 log = logging.getLogger("costline.enforce")
 
@@ -219,17 +219,14 @@ class Enforcer:
                 await self._ledger.close(tracked.plan.plan_id, "warned", record.to_dict(),
                                          self._cooldown_s)
         cap = rule.enforce.params.get("max_per_hour")
-        breach = await round_breach(self._ledger, name, [t.plan.plan_id for t in live], now,
-                                    cap or DEFAULT_MAX_PER_HOUR,
-                                    lambda done: cap_breach(cap, len(live), done))
-        if breach is not None:
-            log.warning("rule %s: %s", name, breach)
-            for tracked in live:
-                await self._close(tracked, "failed", breach, now, {"aborted": True})
-            return
-        for tracked in live:
-            if await self._ledger.claim(tracked.plan.plan_id, self.worker, now) == "claimed":
-                await self._apply(tracked, now)
+        await act_round(self._ledger, name, live, now, cap or DEFAULT_MAX_PER_HOUR,
+                        lambda done: cap_breach(cap, len(live), done),
+                        lambda t, why: self._close(t, "failed", why, now, {"aborted": True}),
+                        lambda t: self._claim_and_apply(t, now), log)
+
+    async def _claim_and_apply(self, tracked: Enforcement, now: float) -> None:
+        if await self._ledger.claim(tracked.plan.plan_id, self.worker, now) == "claimed":
+            await self._apply(tracked, now)
 
     # ── acting ────────────────────────────────────────────────────────────────────────────
 

@@ -58,7 +58,7 @@ from costline.rules.reclaim import (
 )
 from costline.rules.state import StateView, matches
 from costline.streams.settings import Settings
-from costline.streams.worker.plan_rounds import error_text, flush_outbox, round_breach
+from costline.streams.worker.plan_rounds import act_round, error_text, flush_outbox
 
 log = logging.getLogger("costline.checkpoints")
 
@@ -241,16 +241,10 @@ class CheckpointKeeper:
         """Caps first: if this round's actions break one, none of them happens."""
         assert rule.act is not None
         safety = safety_of(rule.act.params)
-        breach = await round_breach(self._ledger, rule.name, [t.plan.plan_id for t in live],
-                                    now, safety.max_per_hour,
-                                    lambda done: cap_breach(safety, len(live), matched, done))
-        if breach is not None:
-            log.warning("rule %s: %s", rule.name, breach)
-            for tracked in live:
-                await self._close(tracked, "failed", breach, now, {"aborted": True})
-            return
-        for tracked in live:
-            await self._act(tracked, now)
+        await act_round(self._ledger, rule.name, live, now, safety.max_per_hour,
+                        lambda done: cap_breach(safety, len(live), matched, done),
+                        lambda t, why: self._close(t, "failed", why, now, {"aborted": True}),
+                        lambda t: self._act(t, now), log)
 
     async def _act(self, tracked: Tracked, now: float) -> None:
         plan = tracked.plan

@@ -1,6 +1,6 @@
 """What the three shells of automatic actions share — reclamation, budget enforcement and the
-checkpoint lifecycle: taking a round's hourly reservation, handing the ledger's outbox to the
-audit log, and saying what went wrong in one line.
+checkpoint lifecycle: a round that checks its caps before any of its actions happens, handing
+the ledger's outbox to the audit log, and saying what went wrong in one line.
 
 The decisions stay pure in their own modules (``cap_breach`` of ``costline.rules.reclaim`` and
 ``costline.rules.enforce``); these are the I/O around them, written once.
@@ -11,9 +11,25 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 Sink = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Identified(Protocol):
+    @property
+    def plan_id(self) -> str: ...
+
+
+class Tracks(Protocol):
+    """A plan as its ledger tracks it (``Tracked`` of reclamation and the checkpoint
+    lifecycle, ``Enforcement`` of enforcement)."""
+
+    @property
+    def plan(self) -> Identified: ...
+
+
+T = TypeVar("T", bound=Tracks)
 
 
 class RoundLedger(Protocol):
@@ -43,6 +59,24 @@ async def round_breach(ledger: RoundLedger, rule: str, plan_ids: Sequence[str], 
     if held is None:
         return None
     return breach(held) or f"aborted: max_per_hour {max_per_hour} reached"
+
+
+async def act_round(ledger: RoundLedger, rule: str, live: Sequence[T], now: float,
+                    max_per_hour: int, breach: Callable[[int], str | None],
+                    abort: Callable[[T, str], Awaitable[None]],
+                    act: Callable[[T], Awaitable[None]], log: logging.Logger) -> None:
+    """Caps first: if this round's actions break one (``breach``, as for ``round_breach``),
+    none of them happens and each is closed by ``abort`` with the reason; otherwise each
+    ``act``s in turn."""
+    why = await round_breach(ledger, rule, [t.plan.plan_id for t in live], now, max_per_hour,
+                             breach)
+    if why is not None:
+        log.warning("rule %s: %s", rule, why)
+        for tracked in live:
+            await abort(tracked, why)
+        return
+    for tracked in live:
+        await act(tracked)
 
 
 async def flush_outbox(ledger: RoundLedger, sink: Sink, log: logging.Logger
