@@ -1170,7 +1170,8 @@ export COSTLINE_KAFKA_LIBS=...   # optional: a folder with Apache Kafka's jars, 
 ```
 
 `make chaos` runs the full size (1,000,000 events); `tests/integration/test_chaos.py` runs
-{Config().events:,} events in CI against the CI stack."""
+shorter ones in CI against the CI stack: on its Redis, and on a Redis Cluster of three masters
+(`--redis-state-dir`), where a Redis fault kills one master."""
 
 
 def render_markdown(report: Report) -> str:
