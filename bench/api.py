@@ -34,8 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import DEFAULT_REDIS, free_port  # noqa: E402 - needs REPO on the path
+from bench.common import DEFAULT_REDIS  # noqa: E402 - needs REPO on the path
 from bench.throughput import log, unlink_namespaces  # noqa: E402
+from tests.integration.streamkit import free_port  # noqa: E402
 
 PARTITIONS = 6
 WINDOW = 10_000
