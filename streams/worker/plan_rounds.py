@@ -17,6 +17,8 @@ Sink = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Identified(Protocol):
+    """A plan, as far as a round needs it: its id."""
+
     @property
     def plan_id(self) -> str: ...
 
