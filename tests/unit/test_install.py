@@ -30,7 +30,11 @@ def test_the_wheel_holds_only_the_costline_namespace(wheel: Path) -> None:
     assert {top for top in tops if not top.endswith(".dist-info")} == {"costline"}
     # the data the code reads at run time travels with it
     assert {"costline/connectors/apply_window.lua", "costline/rules/prices/example.yaml",
-            "costline/rules/definitions/budgets.yaml"} <= names
+            "costline/rules/definitions/budgets.yaml",
+            "costline/rules/definitions/tests/cluster_test.yaml",
+            "costline/streams/api/dashboard/index.html",
+            "costline/streams/demo/data/focus/focus_1.0_sample_1000.csv",
+            "costline/streams/stack/apache-kafka/pom.xml"} <= names
 
 
 def test_costline_imports_from_a_fresh_environment_and_rules_does_not(
