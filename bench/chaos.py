@@ -48,7 +48,6 @@ import os
 import platform
 import random
 import secrets
-import signal
 import sys
 import tempfile
 import textwrap
@@ -72,7 +71,7 @@ if str(REPO) not in sys.path:  # the test helpers below live in the repository, 
 
 from bench.common import counted, forget_namespace, redis_client  # noqa: E402
 from costline.connectors.kafka import admin  # noqa: E402
-from costline.connectors.redis_client import connect, connect_node  # noqa: E402
+from costline.connectors.redis_client import connect  # noqa: E402
 from costline.connectors.redis_keys import slot_tag, wm_key  # noqa: E402
 from costline.connectors.slack_server import DEFAULT_TOKEN, LocalSlackThread  # noqa: E402
 from costline.streams import stack  # noqa: E402
@@ -83,6 +82,7 @@ from tests.integration.streamkit import (  # noqa: E402
     Worker,
     _expected,
     end_offsets,
+    kill_master,
     read_all,
     rows_by_group,
     spend_json,
@@ -206,7 +206,7 @@ class Stack:
     redis_url: str
     kafka_log: Path
     redis_dir: Path  # the stack whose Redis a fault restarts (``state_dir`` unless told)
-    redis_cluster: bool = False
+    redis_cluster: bool
 
 
 def find_stack(state_dir: Path | None, redis_state_dir: Path | None = None) -> Stack:
@@ -216,23 +216,25 @@ def find_stack(state_dir: Path | None, redis_state_dir: Path | None = None) -> S
                            if os.environ.get("COSTLINE_STATE_DIR") else None)
     if folder is None:
         raise NoStack("no stack folder: pass --state-dir or set COSTLINE_STATE_DIR")
-    roles = _running(folder, ("kafka",) if redis_state_dir else ("kafka", "redis"))
-    if roles["kafka"].flavor != "apache":
-        raise NoStack(f"the stack in {folder} runs Kafka as {roles['kafka'].name}, which "
-                      "keeps no log across a restart; start it with --kafka apache")
     redis_dir = redis_state_dir or folder
-    redis = _running(redis_dir, ("redis",))["redis"]
-    return Stack(folder, stack.status(folder).exports["COSTLINE_KAFKA_BOOTSTRAP"],
-                 stack.status(redis_dir).exports["COSTLINE_REDIS_URL"],
-                 Path(roles["kafka"].log), redis_dir, redis.flavor == "cluster")
+    kafka_info = stack.status(folder)
+    redis_info = stack.status(redis_dir) if redis_state_dir else kafka_info
+    kafka = _running(kafka_info, folder, "kafka")
+    if kafka.flavor != "apache":
+        raise NoStack(f"the stack in {folder} runs Kafka as {kafka.name}, which keeps no log "
+                      "across a restart; start it with --kafka apache")
+    redis = _running(redis_info, redis_dir, "redis")
+    return Stack(folder, kafka_info.exports["COSTLINE_KAFKA_BOOTSTRAP"],
+                 redis_info.exports["COSTLINE_REDIS_URL"], Path(kafka.log), redis_dir,
+                 redis.flavor == "cluster")
 
 
-def _running(folder: Path, needed: Sequence[str]) -> dict[str, Any]:
-    roles = {service.role: service for service in stack.status(folder).services}
-    missing = [role for role in needed if role not in roles or roles[role].state != "running"]
-    if missing:
-        raise NoStack(f"the stack in {folder} does not run {' and '.join(missing)}")
-    return roles
+def _running(info: Any, folder: Path, role: str) -> Any:
+    """The service of ``role`` of the stack in ``folder`` (its ``info``): it must be running."""
+    service = next((s for s in info.services if s.role == role and s.state == "running"), None)
+    if service is None:
+        raise NoStack(f"the stack in {folder} does not run {role}")
+    return service
 
 
 # ── the expectation ──────────────────────────────────────────────────────────────────────
@@ -778,26 +780,13 @@ class FaultDriver:
         return "w3"
 
 
-def kill_cluster_master(url: str, rng: random.Random, within_s: float = 60.0) -> str:
-    """SIGKILL one master of the Redis Cluster at ``url`` and wait until it answers again
-    (the stack's supervisor starts it); its address is the fault's target."""
+def kill_cluster_master(url: str, rng: random.Random) -> str:
+    """SIGKILL one master at random of the Redis Cluster at ``url`` and wait until its stack
+    has it back; its address is the fault's target."""
     with connect(url, timeout_s=5) as cluster:
         node = rng.choice(sorted(cluster.get_primaries(), key=lambda n: n.port))
-    address = f"redis://{node.host}:{node.port}/0"
-    with connect_node(address, timeout_s=5) as master:
-        pid = int(master.info("server")["process_id"])
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with connect_node(address, timeout_s=1, connect_timeout_s=1) as master:
-                if master.ping() and master.info("persistence").get("loading") == 0:
-                    return f"{node.host}:{node.port}"
-        except (RedisError, OSError):
-            pass
-        time.sleep(0.1)
-    raise ChaosError(f"the Redis Cluster master {node.host}:{node.port} did not come back "
-                     f"in {within_s:.0f} s")
+    kill_master(f"redis://{node.host}:{node.port}/0")
+    return f"{node.host}:{node.port}"
 
 
 def measure(faults: Sequence[Fault], samples: Sequence[Sample], tolerance: int) -> None:

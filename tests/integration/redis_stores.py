@@ -6,7 +6,6 @@ at most its last second of writes lost, as a production Redis would."""
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,11 +15,11 @@ from typing import Any, Protocol
 import pytest
 from redis import Redis
 
-from costline.connectors.redis_client import connect, connect_node
+from costline.connectors.redis_client import connect
 from costline.connectors.redis_keys import slot_tag, wm_key
 from costline.streams import stack
 from tests.conftest import unavailable
-from tests.integration.streamkit import free_port
+from tests.integration.streamkit import free_port, kill_master
 
 
 class RedisStore(Protocol):
@@ -93,11 +92,7 @@ class ClusterRedis:
     def crash_and_restart(self, namespace: str) -> None:
         with connect(self.url) as cluster:
             node = cluster.get_node_from_key(wm_key(slot_tag(namespace, 0)))
-        with connect_node(f"redis://{node.host}:{node.port}/0") as master:
-            pid = int(master.info("server")["process_id"])
-        subprocess.run(["kill", f"-{signal.SIGKILL.value}", str(pid)], check=True)
-        time.sleep(0.3)
-        _answers(f"redis://{node.host}:{node.port}/0")
+        kill_master(f"redis://{node.host}:{node.port}/0")
 
     def stop(self) -> None:
         stack.down(self.state)

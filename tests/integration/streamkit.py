@@ -20,8 +20,9 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from redis import Redis
+from redis.exceptions import RedisError
 
-from costline.connectors.redis_client import connect
+from costline.connectors.redis_client import connect, connect_node
 from costline.rules.prices import PriceBook, exact, to_micro
 
 REPO = Path(__file__).resolve().parents[2]
@@ -265,6 +266,27 @@ def redis_answers(url: str, seconds: float) -> bool:
         except Exception:  # noqa: BLE001 - not up yet
             time.sleep(0.05)
     return False
+
+
+def kill_master(node_url: str, within_s: float = 60) -> None:
+    """SIGKILL the Redis at ``node_url``, a master of a ``costline stack`` Redis Cluster, and
+    wait until the stack's supervisor has started it again and it has loaded its append-only
+    file (a new process id, no longer loading)."""
+    with connect_node(node_url, timeout_s=5) as master:
+        killed = int(master.info("server")["process_id"])
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with connect_node(node_url, timeout_s=1, connect_timeout_s=1) as master:
+                info = master.info()  # INFO answers while the file loads; PING does not
+                if int(info["process_id"]) != killed and info.get("loading") == 0:
+                    return
+        except (RedisError, OSError):
+            pass  # not started again yet
+        time.sleep(0.05)
+    raise TimeoutError(f"the Redis Cluster master at {node_url} did not come back in "
+                       f"{within_s:.0f} s")
 
 
 @contextmanager
