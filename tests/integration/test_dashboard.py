@@ -58,12 +58,33 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         driver.quit()
 
 
-def shown_budgets(driver: Any) -> dict[str, str]:
-    from selenium.webdriver.common.by import By
+# The page re-renders on every poll, so an element found by one WebDriver call may be gone by
+# the next; each reading of the page is therefore one script, which sees one rendering whole.
+SNAPSHOT = """
+const text = (node) => node.textContent.trim();
+const all = (selector) => Array.from(document.querySelectorAll(selector));
+return {
+  budgets: Object.fromEntries(all("#budgets .budget").map(
+    (card) => [card.dataset.group, text(card.querySelector(".spent"))])),
+  rules: all("#budgets .budget").map((card) => card.dataset.rule),
+  lines: all("#budgets svg polyline").length,
+  refused: Object.fromEntries(all("#refused tr[data-code]").map(
+    (row) => [row.dataset.code, text(row)])),
+  waste: Object.fromEntries(all("#waste .fault").map(
+    (group) => [group.dataset.fault, text(group.querySelector(".amount"))])),
+  alerts: all("#alerts tbody tr[data-rule]").length,
+};
+"""
 
-    return {card.get_attribute("data-group"): card.find_element(By.CSS_SELECTOR,
-                                                                 ".spent").text
-            for card in driver.find_elements(By.CSS_SELECTOR, "#budgets .budget")}
+
+def page(driver: Any) -> dict[str, Any]:
+    snapshot: dict[str, Any] = driver.execute_script(SNAPSHOT)
+    return snapshot
+
+
+def shown_budgets(driver: Any) -> dict[str, str]:
+    budgets: dict[str, str] = page(driver)["budgets"]
+    return budgets
 
 
 def api_budgets(site: Site) -> dict[str, str]:
@@ -94,22 +115,15 @@ def test_the_dashboard_shows_what_the_api_returns_and_follows_it(site: Site, bro
     site.wait_for("a first update", lambda: polls(browser) >= 1)
 
     expected = api_budgets(site)
-    assert expected and shown_budgets(browser) == expected
-    rules = {card.get_attribute("data-rule")
-             for card in browser.find_elements(By.CSS_SELECTOR, "#budgets .budget")}
-    assert rules == {"prod-monthly"}
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#budgets svg polyline")) == len(expected)
-    refused = browser.find_element(By.CSS_SELECTOR, '#refused tr[data-code='
-                                                    '"unknown_resource_type"]')
-    assert "gpu.b300" in refused.text
+    shown = page(browser)
+    assert expected and shown["budgets"] == expected
+    assert set(shown["rules"]) == {"prod-monthly"}
+    assert shown["lines"] == len(expected)
+    assert "gpu.b300" in shown["refused"]["unknown_resource_type"]
     waste = site.api("/api/v1/spend?by=fault")
-    shown_waste = {g.get_attribute("data-fault"): g.find_element(By.CSS_SELECTOR, ".amount")
-                   .text for g in browser.find_elements(By.CSS_SELECTOR, "#waste .fault")}
-    assert shown_waste == {row["group"]["fault"]: money(Decimal(row["waste"]), "USD")
-                           for row in waste["rows"] if row["group"]["fault"]}
-    alerts = site.api("/api/v1/alerts")["alerts"]
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#alerts tbody tr[data-rule]")) == \
-        len(alerts)
+    assert shown["waste"] == {row["group"]["fault"]: money(Decimal(row["waste"]), "USD")
+                              for row in waste["rows"] if row["group"]["fault"]}
+    assert shown["alerts"] == len(site.api("/api/v1/alerts")["alerts"])
 
     # New spend for one team: the page shows the API's new figure without a reload.
     before = expected
