@@ -192,7 +192,7 @@ class Bench:
         a = self.a
         report: dict[str, Any] = {
             "run_id": self.run_id, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
-            "events": a.events, "tagsets": a.tagsets, "partitions": a.partitions,
+            "events": a.events, "batch": a.batch, "tagsets": a.tagsets, "partitions": a.partitions,
             "folding": a.folding, "scale": a.scale, "rounds": a.rounds,
             "redis_cluster": self.cluster(), "files": str(self.folder), "data_sets": {}}
         for name in a.data:
@@ -215,7 +215,8 @@ class Bench:
         a = self.a
         ns = f"{self.run_id}{name[0]}"
         self.namespaces.append(ns)
-        data = generate(name, a.events, a.tagsets, a.partitions, a.seed, run_id=ns)
+        data = generate(name, a.events, a.tagsets, a.partitions, a.seed, batch=a.batch,
+                        run_id=ns)
         settings = Settings(kafka_bootstrap=a.bootstrap, redis_url=a.redis_url, namespace=ns,
                             partitions=a.partitions)
         create_topics(settings)
@@ -375,7 +376,7 @@ def shown(figure: dict[str, float], form: str) -> str:
 
 def print_report(rep: dict[str, Any]) -> None:
     rounds = rep["rounds"]
-    print(f"costline throughput: {rep['events']:,} usage events in 100-event messages, "
+    print(f"costline throughput: {rep['events']:,} usage events in {rep['batch']}-event messages, "
           f"{rep['tagsets']:,} tag sets, {rep['partitions']} partitions, folding "
           f"{rep['folding']}, Redis {'Cluster' if rep['redis_cluster'] else 'single'}; "
           f"{rep['cpus']} CPUs, load {rep['loadavg_start'][0]:.1f} at the start"
@@ -446,6 +447,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--tagsets", type=int, default=100_000)
+    p.add_argument("--batch", type=int, default=100,
+                   help="events per input message (1: every event a message of its own)")
     p.add_argument("--partitions", type=int, default=6,
                    help="of the input topics and the ledger (6: even for 1, 2 and 3 workers)")
     p.add_argument("--data", type=names, default=list(DATA_SETS), metavar="jobs,uniform")
