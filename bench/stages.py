@@ -14,7 +14,10 @@ goes through the stages a worker runs, on the same messages:
 * decode + fold: each home partition's records, in order, through ``Record.decode`` and
   ``Tally.fold`` into windows of ``--window`` events (``COSTLINE_WINDOW_EVENTS``);
 * write: ``BatchWriter.apply`` of each window against a real Redis (the script's argument,
-  the round trip and the script), the server's own CPU (``INFO cpu``) apart.
+  the round trip and the script), the server's own CPU (``INFO cpu``) apart;
+* and beside them, what compressing the ledger records costs the worker's Kafka producer
+  with each codec aiokafka writes (``aiokafka.codec``; lz4 is always level 9 there), and how
+  small each makes them (``WORKER_COMPRESSION`` is the codec the worker uses).
 
 ``json.loads`` of the same messages is printed as a floor for parsing. Redis's total must
 equal the generator's to the micro-unit (exit status 1 otherwise). Uses the namespace
@@ -47,6 +50,7 @@ from bench.common import (  # noqa: E402 - needs REPO on the path
     vm_status,
 )
 from bench.datasets import DATA_SETS, DAY_S, DataSet, generate  # noqa: E402
+from costline.connectors.kafka import WORKER_COMPRESSION  # noqa: E402
 
 STAGES = ("parse", "price + route + encode", "decode + fold", "write")
 
@@ -85,6 +89,7 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
                 ledger[home] += records
     spent["price + route + encode"] = spent["take"] - spent["parse"]
     log(f"{data.name}: priced into {sum(map(len, ledger)):,} ledger records")
+    codecs = codec_costs([raw for records in ledger for raw in records])
 
     redis = async_redis_client(redis_url)
     writer = BatchWriter(redis, ns, Calendar("UTC"), 7 * 86400)
@@ -115,6 +120,8 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
             "ledger_records": sum(map(len, ledger)),
             "us_per_event": {k: spent[k] / events * 1e6 for k in STAGES},
             "take_us_per_event": spent["take"] / events * 1e6,
+            "codecs": {name: {"us_per_event": cpu / events * 1e6, "ratio": ratio}
+                       for name, (cpu, ratio) in codecs.items()},
             "redis_server_us_per_event": redis_s / events * 1e6}
 
 
@@ -143,6 +150,24 @@ async def write_events(events: list[Any], ns: str, redis_url: str, partitions: i
         await redis.aclose()
 
 
+def codec_costs(records: list[bytes]) -> dict[str, tuple[float, float]]:
+    """Per codec aiokafka's producer writes: CPU seconds to compress ``records`` (each on its
+    own, as a producer batch of one take's record for a home partition) and the compressed
+    size over the raw one."""
+    from aiokafka import codec
+
+    encoders = {"lz4 (level 9)": codec.lz4_encode, "zstd (level 3)": codec.zstd_encode,
+                "snappy": codec.snappy_encode, "gzip": codec.gzip_encode}
+    raw = sum(map(len, records))
+    found = {}
+    for name, encode in encoders.items():
+        started, size = time.process_time(), 0
+        for record in records:
+            size += len(encode(record))
+        found[name] = (time.process_time() - started, size / max(1, raw))
+    return found
+
+
 def json_floor(data: DataSet) -> float:
     """CPU-µs per event of ``json.loads`` on every message."""
     started = time.process_time()
@@ -167,6 +192,13 @@ def report(figures: dict[str, Any]) -> str:
     lines += [
         f"  {'all stages (a worker and its pricers)':42s}{sum(stages.values()):8.2f}",
         f"  {'Redis server (INFO cpu)':42s}{figures['redis_server_us_per_event']:8.2f}",
+        "",
+        f"{'compressing the ledger records':44s}{'CPU-µs/ev':>9s}  {'size':>5s}",
+    ]
+    lines += [f"  {name + (' (the worker)' if name.startswith(WORKER_COMPRESSION) else ''):42s}"
+              f"{c['us_per_event']:9.2f}  {c['ratio']:5.0%}"
+              for name, c in figures["codecs"].items()]
+    lines += [
         "",
         f"this process's peak RSS: {figures['peak_rss_mib']:.0f} MiB",
         f"total: generator {figures['expected_cost_micro']:,} micro-units, Redis "

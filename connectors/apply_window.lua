@@ -150,9 +150,25 @@ for i = 1, #b, 4 do
   local out, n = {}, 0
   for j = 1, #usage, 4 do
     n = n + 1
-    local g, q, k = parts(olds[n])
-    local value = plus(g, usage[j + 1]) .. ' ' .. plus(q, usage[j + 2])
-    if k or usage[j + 3] ~= 0 then value = value .. ' ' .. plus(k, usage[j + 3]) end
+    local was, dg, dq, dk = olds[n], usage[j + 1], usage[j + 2], usage[j + 3]
+    local value
+    -- The usual field: no credits, and sums a double holds exactly, in one format call.
+    if dk == 0 and type(dg) == 'number' and type(dq) == 'number' then
+      if not was then
+        value = string.format('%.0f %.0f', dg, dq)
+      else
+        local g, q = string.match(was, '^(%d+) (%d+)$')
+        if g and #g < 16 and #q < 16 then
+          local sg, sq = tonumber(g) + dg, tonumber(q) + dq
+          if sg < 1e15 and sq < 1e15 then value = string.format('%.0f %.0f', sg, sq) end
+        end
+      end
+    end
+    if not value then
+      local g, q, k = parts(was)
+      value = plus(g, dg) .. ' ' .. plus(q, dq)
+      if k or dk ~= 0 then value = value .. ' ' .. plus(k, dk) end
+    end
     out[#out + 1] = usage[j]
     out[#out + 1] = value
   end

@@ -27,6 +27,12 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # fraction of the CPU. kafka-python writes it with ``lz4``; the worker's aiokafka reads it (and
 # zstd and snappy) with ``cramjam``: both are dependencies.
 COMPRESSION = "lz4"
+# The codec of what the worker writes (the ledger, dead letters, alerts, actions). aiokafka
+# writes lz4 at level 9 only (high compression, ~100 MB/s here), which made compressing the
+# ledger a sixth of the worker's CPU; zstd at its level 3 is three times as fast and a fifth
+# smaller (bench/stages.py). kafka-python, which costline's commands read those topics with,
+# decodes zstd with ``zstandard``, a dependency.
+WORKER_COMPRESSION = "zstd"
 
 
 class KafkaUnavailable(RuntimeError):

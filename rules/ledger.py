@@ -76,6 +76,7 @@ message as unreadable instead of misreading it."""
 # The cache of tag-set ids has two generations of at most this many entries each (~560 bytes
 # an entry: the key, the id and the canonical JSON), so ~27 MiB at most.
 _TAGSET_CACHE_MAX = 25_000
+_LOW_64 = (1 << 64) - 1
 
 Entry = tuple[Any, ...]
 
@@ -101,8 +102,9 @@ def event_key(event_id: str, partitions: int) -> tuple[int, int]:
     for a thousand events a second. The home comes from other bits of the same hash, so a home
     partition's digests are spread evenly over its dedup buckets.
     """
-    digest = hashlib.blake2b(event_id.encode(), digest_size=16).digest()
-    return int.from_bytes(digest[:8], "big") >> 1, int.from_bytes(digest[8:], "big") % partitions
+    value = int.from_bytes(hashlib.blake2b(event_id.encode(), digest_size=16).digest(), "big")
+    # the first 8 bytes' top 63 bits; the last 8 bytes
+    return value >> 65, (value & _LOW_64) % partitions
 
 
 def resource_home(resource_id: str, partitions: int) -> int:

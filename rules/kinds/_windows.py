@@ -129,8 +129,12 @@ def compare_efficiency(state: StateView, match: Mapping[str, str], group_by: Seq
     start, base_start = end - window, end - window - baseline
     tokens_match = {**{k: v for k, v in match.items() if k not in PSEUDO_TAGS},
                     "resource_type": PROGRESS_TOKENS}
-    cost = state.totals("cost", match, group_by, start, end)
+    # Tokens first: groups that report none have no efficiency to compare, so a rule whose
+    # groups do not train (or not yet) reads no spend at all.
     tokens = state.totals("quantity", tokens_match, group_by, start, end)
+    if not any(count > 0 for count in tokens.values()):
+        return []
+    cost = state.totals("cost", match, group_by, start, end)
     base_cost = state.totals("cost", match, group_by, base_start, start)
     base_tokens = state.totals("quantity", tokens_match, group_by, base_start, start)
     ready = _ready(state, "cost", match, group_by, cost, base_start, window)

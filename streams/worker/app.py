@@ -73,10 +73,11 @@ log = logging.getLogger("costline.worker")
 
 # How often a worker checks that Redis still holds the watermarks of its idle partitions.
 WATERMARK_CHECK_S = 10.0
-# Ledger records not yet applied to Redis (over the worker's partitions) from which the
-# aggregation counts as behind, and rule evaluations rest longer
-# (costline.streams.worker.evaluator).
+# The worker counts as behind, and rule evaluations rest longer (streams/worker/evaluator.py),
+# from this many ledger records not yet in Redis or input messages not yet priced: when pricing
+# holds the worker back, the backlog waits on the input topics and the ledger stays short.
 BEHIND_LEDGER_RECORDS = 100
+BEHIND_INPUT_MESSAGES = 1_000
 # How often the leader looks for reminders a notifier owes its channel.
 REMIND_S = 5.0
 Send = Callable[[bytes, bytes], Awaitable[None]]
@@ -157,16 +158,19 @@ class Wiring:
             async def on_stop(self) -> None:
                 pricing.close()
 
-        def input_lag() -> dict[tuple[tuple[str, str], ...], float]:
-            out: dict[tuple[tuple[str, str], ...], float] = {}
-            for (topic, partition), offset in intake.delivered.items():
-                high = _highwater(app, topic, partition)
-                if high is not None:
-                    labels = (("partition", str(partition)), ("topic", topic))
-                    out[labels] = float(max(0, high - offset - 1))
-            return out
-        self.metrics.gauge("input_lag", input_lag)
+        self.metrics.gauge("input_lag", lambda: {
+            (("partition", str(partition)), ("topic", topic)): float(lag)
+            for (topic, partition), lag in self.input_lag(intake).items()})
         return intake
+
+    def input_lag(self, intake: Intake) -> dict[tuple[str, int], int]:
+        """Input messages not yet priced, per input partition intake has taken from."""
+        out = {}
+        for (topic, partition), offset in intake.delivered.items():
+            high = _highwater(self.app, topic, partition)
+            if high is not None:
+                out[(topic, partition)] = max(0, high - offset - 1)
+        return out
 
     def aggregation(self, partitions: int) -> Aggregation:
         settings = self.settings
@@ -230,7 +234,7 @@ class Wiring:
         self.every(WATERMARK_CHECK_S, "zone_record", record_zone)
         return aggregation
 
-    def alerting(self, aggregation: Aggregation) -> Evaluator:
+    def alerting(self, intake: Intake, aggregation: Aggregation) -> Evaluator:
         settings = self.settings
         runner = ProcessRunner(settings, self.prices) if settings.evaluator == "process" else None
         if runner is not None:
@@ -249,7 +253,8 @@ class Wiring:
             store=AlertStore(self.sync_redis, settings.namespace),
             publish=self.sender("alerts"), metrics=self.metrics, tick_s=settings.rules_tick_s,
             runner=runner,
-            behind=lambda: sum(aggregation.lag().values()) >= BEHIND_LEDGER_RECORDS,
+            behind=lambda: (sum(aggregation.lag().values()) >= BEHIND_LEDGER_RECORDS
+                            or sum(self.input_lag(intake).values()) >= BEHIND_INPUT_MESSAGES),
         )
 
     def reclamation(self, evaluator: Evaluator) -> Reclaimer:
@@ -481,7 +486,7 @@ def build_app(settings: Settings, partitions: int | None = None
     intake = wiring.intake(partitions)
     wiring.refusal_tally(intake)
     aggregation = wiring.aggregation(partitions)
-    evaluator = wiring.alerting(aggregation)
+    evaluator = wiring.alerting(intake, aggregation)
     reclaimer = wiring.reclamation(evaluator)
     wiring.checkpoint_lifecycle(evaluator)
     wiring.notifiers(evaluator, reclaimer, wiring.enforcement(evaluator))

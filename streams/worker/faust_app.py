@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import faust
 
-from costline.connectors.kafka import MAX_MESSAGE_BYTES
+from costline.connectors.kafka import MAX_MESSAGE_BYTES, WORKER_COMPRESSION
 from costline.streams.settings import Settings
 
 
@@ -34,7 +34,7 @@ def faust_app(settings: Settings) -> faust.App:
         topic_partitions=settings.partitions,
         topic_allow_declare=True,
         producer_acks=-1,
-        producer_compression_type="lz4",
+        producer_compression_type=WORKER_COMPRESSION,
         # A take's ledger records and dead letters are sent together.
         producer_linger_ms=5,
         # The dead letter of a refused 10,000-event batch is a few MiB (topics allow 16 MiB).
