@@ -28,10 +28,10 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # zstd and snappy) with ``cramjam``: both are dependencies.
 COMPRESSION = "lz4"
 # The codec of what the worker writes (the ledger, dead letters, alerts, actions). aiokafka
-# writes lz4 at level 9 only (high compression, ~100 MB/s here), which made compressing the
-# ledger a sixth of the worker's CPU; zstd at its level 3 is three times as fast and a fifth
-# smaller (bench/stages.py). kafka-python, which costline's commands read those topics with,
-# decodes zstd with ``zstandard``, a dependency.
+# writes lz4 at level 9 only (its high-compression mode), which made compressing the ledger a
+# sixth of the worker's CPU; zstd at its level 3 takes a fifth of that CPU and leaves a quarter
+# fewer bytes (bench/stages.py, "compressing the ledger records"). kafka-python, which
+# costline's commands read those topics with, decodes zstd with ``zstandard``, a dependency.
 WORKER_COMPRESSION = "zstd"
 
 

@@ -73,6 +73,7 @@ return {
   waste: Object.fromEntries(all("#waste .fault").map(
     (group) => [group.dataset.fault, text(group.querySelector(".amount"))])),
   alerts: all("#alerts tbody tr[data-rule]").length,
+  polls: Number(document.getElementById("status").dataset.polls || 0),
 };
 """
 
@@ -94,9 +95,8 @@ def api_budgets(site: Site) -> dict[str, str]:
 
 
 def polls(driver: Any) -> int:
-    from selenium.webdriver.common.by import By
-
-    return int(driver.find_element(By.ID, "status").get_attribute("data-polls") or 0)
+    count: int = page(driver)["polls"]
+    return count
 
 
 def test_the_dashboard_shows_what_the_api_returns_and_follows_it(site: Site, browser: Any

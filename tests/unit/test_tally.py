@@ -412,3 +412,16 @@ def test_folding_records_one_by_one_equals_folding_them_together(prices, specs, 
     assert parts.tagsets == whole.tagsets
     assert parts.digests == whole.digests and parts.seen == whole.seen
     assert parts.samples == whole.samples and parts.latest == whole.latest
+
+
+@pytest.mark.parametrize(("event_id", "partitions", "expected"), [
+    ("u-1", 6, (5310491309176395390, 5)),
+    ("u-1", 1024, (5310491309176395390, 789)),
+    ("2026-12-04T00:00:00Z/gpu-0042", 6, (2992158299400946159, 5)),
+    ("ключ", 1024, (5933692296812783874, 845)),
+])
+def test_an_event_ids_digest_and_home_never_change(event_id: str, partitions: int,
+                                                   expected: tuple[int, int]) -> None:
+    # A resend after an upgrade must meet its first copy's dedup memory on the same home
+    # partition: these values are part of the stored state, not an implementation detail.
+    assert event_key(event_id, partitions) == expected

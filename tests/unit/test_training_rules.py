@@ -4,6 +4,7 @@ regressing, and the checkpoint interval advice measured from usage, checkpoints 
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from costline.rules.engine import Engine
 from costline.rules.kinds.checkpoint_interval import CheckpointIntervalRule
@@ -58,7 +59,24 @@ def test_a_run_without_progress_is_not_compared() -> None:
     growth = rule(kind="growth", metric="cost_per_token", group_by=["job"], window="1h",
                   baseline="1d", ratio=2)
     events = [gpus(T0 + h * HOUR, 1) for h in range(30)]
-    assert growth.evaluate(state(*events), T0 + 30 * HOUR) == []
+    asked = Asking(state(*events))
+    assert growth.evaluate(asked, T0 + 30 * HOUR) == []
+    # no group trains, so its spend is not even read
+    assert asked.measures == ["quantity"]
+
+
+class Asking:
+    """A state that notes which measure each ``totals`` question asks."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.measures = inner, []
+
+    def totals(self, measure: str, *args: Any, **kwargs: Any) -> Any:
+        self.measures.append(measure)
+        return self.inner.totals(measure, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def interval_rule(**keys: object) -> CheckpointIntervalRule:
