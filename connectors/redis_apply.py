@@ -160,14 +160,22 @@ class BatchWriter:
 
     def _buckets(self, slot: str, tally: Tally) -> list[Any]:
         """Per bucket key: its time to live, its usage fields and its waste fields, each
-        the sum of the tally's 5-minute cells the bucket covers."""
+        the sum of the tally's 5-minute cells the bucket covers.
+
+        A 5-minute key's usage fields are the cells themselves (a tally has one cell per tag
+        set and slot); only an hour's and a day's are summed over several."""
         usage: dict[str, dict[str, list[int]]] = {}
         waste: dict[str, dict[str, int]] = {}
         ttls: dict[str, int] = {}
         keys = self._keys_of(slot, ttls)
         for (tsid, five), cell in tally.usage.items():
             field = tsid + USAGE
-            for key in keys(five):
+            five_key, hour_key, day_key = keys(five)
+            fields = usage.get(five_key)
+            if fields is None:
+                fields = usage[five_key] = {}
+            fields[field] = [cell.gross, cell.quantity, cell.credits]
+            for key in (hour_key, day_key):
                 fields = usage.get(key)
                 if fields is None:
                     fields = usage[key] = {}
@@ -222,7 +230,10 @@ def _wire(amount: int) -> int | str:
 def _usage_wire(fields: dict[str, list[int]]) -> list[Any]:
     flat: list[Any] = []
     for field, (gross, quantity, credits) in fields.items():
-        flat += [field, _wire(gross), _wire(quantity), _wire(credits)]
+        if gross < _LUA_EXACT and quantity < _LUA_EXACT and credits < _LUA_EXACT:
+            flat += (field, gross, quantity, credits)  # the usual field: no call per amount
+        else:
+            flat += (field, _wire(gross), _wire(quantity), _wire(credits))
     return flat
 
 

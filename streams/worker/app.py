@@ -153,7 +153,10 @@ class Wiring:
 
         @app.service
         class PricingPool(faust.Service):
-            """Shuts the pricing processes down with the worker."""
+            """Starts the pricing processes with the worker, and shuts them down with it."""
+
+            async def on_start(self) -> None:
+                await pricing.start()
 
             async def on_stop(self) -> None:
                 pricing.close()
@@ -460,7 +463,6 @@ class Wiring:
             return web.text(metrics.render(), content_type="text/plain; version=0.0.4")
 
 
-
 def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
     try:
         high = app.consumer.highwater(faust.types.TP(topic, partition))
@@ -479,8 +481,7 @@ def _notify_of(evaluator: Evaluator, rule_name: Any) -> dict[str, Any]:
 def build_app(settings: Settings, partitions: int | None = None
               ) -> tuple[faust.App, Aggregation]:
     """The whole worker: intake, aggregation, alerting, reclamation, notifiers, probes and
-    pages.
-    ``partitions``: the ledger topic's (the settings' when not given)."""
+    pages. ``partitions``: the ledger topic's (the settings' when not given)."""
     wiring = Wiring(settings)
     partitions = partitions or settings.partitions
     intake = wiring.intake(partitions)

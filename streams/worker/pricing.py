@@ -42,6 +42,9 @@ _intake: Intake | None = None
 
 
 class Pricing(Protocol):
+    async def start(self) -> None:
+        """Be ready to price before the first take comes."""
+
     def submit(self, values: Sequence[bytes]) -> asyncio.Future[Taken]:
         """Parse, price and route a take of messages (``Intake.take``)."""
 
@@ -54,6 +57,9 @@ class InlinePricing:
 
     def __init__(self, intake: Intake) -> None:
         self.intake = intake
+
+    async def start(self) -> None:
+        pass
 
     def submit(self, values: Sequence[bytes]) -> asyncio.Future[Taken]:
         answer: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
@@ -73,6 +79,17 @@ class PoolPricing:
         self.fallback = fallback
         self._pool: ProcessPoolExecutor | None = None
         self._closed = False
+
+    async def start(self) -> None:
+        """Start every process now: each imports costline and loads the price book (about a
+        third of a CPU-second), which would otherwise delay the first takes and compete with
+        them. A pool that breaks here is started again by the first take."""
+        pool = self._running_pool()
+        try:
+            await asyncio.gather(*(asyncio.wrap_future(pool.submit(_ready))
+                                   for _ in range(self.processes)))
+        except BrokenProcessPool:
+            log.error("a pricing process died while starting; the first take starts it again")
 
     def submit(self, values: Sequence[bytes]) -> asyncio.Future[Taken]:
         return asyncio.ensure_future(self._price(list(values)))
@@ -127,6 +144,10 @@ def _exit_with(sentinel: int) -> None:
     """Exit as soon as the worker does (its sentinel becomes ready when it ends)."""
     wait([sentinel])
     os._exit(0)
+
+
+def _ready() -> None:
+    """Nothing: answered once a process has started (``_start``)."""
 
 
 def _take(values: list[bytes]) -> Taken:

@@ -59,6 +59,13 @@ def pricers() -> list[int]:
     return [int(pid) for pid in found]
 
 
+async def test_the_pool_starts_every_process_before_the_first_take(pool):
+    before = set(pricers())  # another test's pool may still be ending
+    await pool.start()
+    assert len(set(pricers()) - before) == 2
+    assert (await pool.submit([message(0)])).events == 10
+
+
 async def test_a_pricing_process_that_dies_is_replaced_and_no_take_is_lost(pool):
     await pool.submit([message(0)])
     first = pricers()
