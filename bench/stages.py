@@ -15,6 +15,8 @@ goes through the stages a worker runs, on the same messages:
   ``Tally.fold`` into windows of ``--window`` events (``COSTLINE_WINDOW_EVENTS``);
 * write: ``BatchWriter.apply`` of each window against a real Redis (the script's argument,
   the round trip and the script), the server's own CPU (``INFO cpu``) apart;
+* the usage fields each window writes per event, at each bucket size (a cell is a field of
+  its 5-minute bucket, and a tag set's cells share their hour's and their day's);
 * and beside them, what compressing the ledger records costs the worker's Kafka producer
   with each codec aiokafka writes (``aiokafka.codec``; lz4 is always level 9 there), and how
   small each makes them (``WORKER_COMPRESSION`` is the codec the worker uses).
@@ -53,6 +55,7 @@ from bench.datasets import DATA_SETS, DAY_S, DataSet, generate  # noqa: E402
 from costline.connectors.kafka import WORKER_COMPRESSION  # noqa: E402
 
 STAGES = ("parse", "price + route + encode", "decode + fold", "write")
+LEVEL_NAMES = ("5-minute", "hourly", "daily")
 # The level aiokafka's producer compresses at, where it fixes one.
 LEVELS = {"lz4": " (level 9)", "zstd": " (level 3)"}
 
@@ -98,6 +101,7 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
     sync = redis_client(redis_url)
     redis0 = redis_cpu_s(sync)
     events = windows = cells = 0
+    fields = dict.fromkeys(LEVEL_NAMES, 0)
     try:
         await writer.register_slots([slot_tag(ns, home) for home in range(partitions)])
         for home, records in enumerate(ledger):
@@ -113,6 +117,8 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
                     assert isinstance(outcome, Applied), outcome
                     events, windows = events + tally.events, windows + 1
                     cells += len(tally.usage)
+                    for level, count in bucket_fields(tally, writer.calendar).items():
+                        fields[level] += count
                     applied, tally = offset, Tally()
         redis_s = redis_cpu_s(sync) - redis0
     finally:
@@ -120,11 +126,21 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
         sync.close()
     return {"events": events, "windows": windows, "cells_per_window": cells / max(1, windows),
             "ledger_records": sum(map(len, ledger)),
+            "bucket_fields_per_event": {level: n / max(1, events) for level, n in fields.items()},
             "us_per_event": {k: spent[k] / events * 1e6 for k in STAGES},
             "take_us_per_event": spent["take"] / events * 1e6,
             "codecs": {name: {"us_per_event": cpu / events * 1e6, "ratio": ratio}
                        for name, (cpu, ratio) in codecs.items()},
             "redis_server_us_per_event": redis_s / events * 1e6}
+
+
+def bucket_fields(tally: Any, calendar: Any) -> dict[str, int]:
+    """The usage fields one window writes at each bucket size: a 5-minute cell is one field
+    of its 5-minute bucket, and cells of one tag set share their hour's and their day's."""
+    five = tally.usage.keys()
+    return {"5-minute": len(five),
+            "hourly": len({(tsid, slot - slot % 3600) for tsid, slot in five}),
+            "daily": len({(tsid, calendar.date_of(slot)) for tsid, slot in five})}
 
 
 async def write_events(events: list[Any], ns: str, redis_url: str, partitions: int) -> None:
@@ -186,6 +202,9 @@ def report(figures: dict[str, Any]) -> str:
         f"{figures['take']} messages, {figures['ledger_records']:,} ledger records, "
         f"{figures['windows']:,} windows of up to {figures['window']:,} events "
         f"({figures['cells_per_window']:,.0f} cells each)",
+        "bucket fields written per event: " + ", ".join(
+            f"{level} {n:.2f}" for level, n in figures["bucket_fields_per_event"].items())
+        + f" ({sum(figures['bucket_fields_per_event'].values()):.2f} in all)",
         "",
         f"{'CPU-µs per event':44s}",
         f"  {'floor: json.loads':42s}{figures['json_floor_us_per_event']:8.2f}",
