@@ -81,10 +81,10 @@ class PoolPricing:
         self._closed = False
 
     async def start(self) -> None:
-        """Start every process now: each imports costline and loads the price book (about a
-        third of a CPU-second), which would otherwise delay the first takes and compete with
-        them. The pool spawns a process for each call while none is idle, and answers once
-        one has started. A pool that breaks here is started again by the first take."""
+        """Start every process now: each imports costline and loads the price book, which
+        would otherwise delay the first takes and compete with them. The pool spawns a
+        process for each call while none is idle, and answers once one has started. A pool
+        that breaks here is started again by the first take."""
         pool = self._running_pool()
         try:
             await asyncio.gather(*(asyncio.wrap_future(pool.submit(_ready))
