@@ -182,7 +182,7 @@ class Settings(BaseSettings):
     )
     folding_processes: int = Field(
         2, ge=1, le=16, description="pricing processes of a worker (COSTLINE_FOLDING=process), "
-        "started as takes need them"
+        "started with the worker"
     )
     folding_takes: int = Field(
         4, ge=1, le=64, description="takes of input messages being priced or delivered at once "
