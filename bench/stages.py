@@ -55,7 +55,8 @@ from bench.datasets import DATA_SETS, DAY_S, DataSet, generate  # noqa: E402
 from costline.connectors.kafka import WORKER_COMPRESSION  # noqa: E402
 
 STAGES = ("parse", "price + route + encode", "decode + fold", "write")
-LEVEL_NAMES = ("5-minute", "hourly", "daily")
+# bucket sizes as keys name them (``bucket_key``) → as the report names them
+BUCKET_SIZES = {"5m": "5-minute", "1h": "hourly", "1d": "daily"}
 # The level aiokafka's producer compresses at, where it fixes one.
 LEVELS = {"lz4": " (level 9)", "zstd": " (level 3)"}
 
@@ -101,7 +102,7 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
     sync = redis_client(redis_url)
     redis0 = redis_cpu_s(sync)
     events = windows = cells = 0
-    fields = dict.fromkeys(LEVEL_NAMES, 0)
+    fields = dict.fromkeys(BUCKET_SIZES.values(), 0)
     try:
         await writer.register_slots([slot_tag(ns, home) for home in range(partitions)])
         for home, records in enumerate(ledger):
@@ -117,8 +118,8 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
                     assert isinstance(outcome, Applied), outcome
                     events, windows = events + tally.events, windows + 1
                     cells += len(tally.usage)
-                    for level, count in bucket_fields(tally, writer.calendar).items():
-                        fields[level] += count
+                    for size, count in bucket_fields(writer, slot, tally).items():
+                        fields[size] += count
                     applied, tally = offset, Tally()
         redis_s = redis_cpu_s(sync) - redis0
     finally:
@@ -126,7 +127,7 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
         sync.close()
     return {"events": events, "windows": windows, "cells_per_window": cells / max(1, windows),
             "ledger_records": sum(map(len, ledger)),
-            "bucket_fields_per_event": {level: n / max(1, events) for level, n in fields.items()},
+            "bucket_fields_per_event": {size: n / max(1, events) for size, n in fields.items()},
             "us_per_event": {k: spent[k] / events * 1e6 for k in STAGES},
             "take_us_per_event": spent["take"] / events * 1e6,
             "codecs": {name: {"us_per_event": cpu / events * 1e6, "ratio": ratio}
@@ -134,13 +135,22 @@ async def run_stages(data: DataSet, ns: str, redis_url: str, take: int = 100,
             "redis_server_us_per_event": redis_s / events * 1e6}
 
 
-def bucket_fields(tally: Any, calendar: Any) -> dict[str, int]:
-    """The usage fields one window writes at each bucket size: a 5-minute cell is one field
-    of its 5-minute bucket, and cells of one tag set share their hour's and their day's."""
-    five = tally.usage.keys()
-    return {"5-minute": len(five),
-            "hourly": len({(tsid, slot - slot % 3600) for tsid, slot in five}),
-            "daily": len({(tsid, calendar.date_of(slot)) for tsid, slot in five})}
+def bucket_fields(writer: Any, slot: str, tally: Any) -> dict[str, int]:
+    """The usage fields one window writes at each bucket size, counted in the script's
+    argument the writer builds for it (its 7th item: key, ttl, usage fields in fours, waste
+    fields in pairs, ...)."""
+    import msgpack
+
+    from costline.connectors.redis_keys import bucket_key
+
+    packed, _ = writer.payload(slot, -1, 0, tally, [])
+    buckets = msgpack.unpackb(packed, raw=False)[6]
+    counts = dict.fromkeys(BUCKET_SIZES.values(), 0)
+    for at in range(0, len(buckets), 4):
+        for size, name in BUCKET_SIZES.items():
+            if buckets[at].startswith(bucket_key(slot, size, "")):
+                counts[name] += len(buckets[at + 2]) // 4
+    return counts
 
 
 async def write_events(events: list[Any], ns: str, redis_url: str, partitions: int) -> None:
@@ -203,7 +213,7 @@ def report(figures: dict[str, Any]) -> str:
         f"{figures['windows']:,} windows of up to {figures['window']:,} events "
         f"({figures['cells_per_window']:,.0f} cells each)",
         "bucket fields written per event: " + ", ".join(
-            f"{level} {n:.2f}" for level, n in figures["bucket_fields_per_event"].items())
+            f"{size} {n:.2f}" for size, n in figures["bucket_fields_per_event"].items())
         + f" ({sum(figures['bucket_fields_per_event'].values()):.2f} in all)",
         "",
         f"{'CPU-µs per event':44s}",

@@ -95,8 +95,7 @@ def api_budgets(site: Site) -> dict[str, str]:
 
 
 def polls(driver: Any) -> int:
-    count: int = page(driver)["polls"]
-    return count
+    return int(page(driver)["polls"])
 
 
 def test_the_dashboard_shows_what_the_api_returns_and_follows_it(site: Site, browser: Any
