@@ -68,6 +68,7 @@ from costline.streams.worker.pricing import InlinePricing, PoolPricing, Pricing
 from costline.streams.worker.reclaim_alerts import cap_breach_alert, is_cap_breach
 from costline.streams.worker.reclaimer import ReclaimActions, Reclaimer, build_reclaimer
 from costline.streams.worker.retry import REDIS_DOWN
+from costline.streams.worker.timers import single_flight
 
 log = logging.getLogger("costline.worker")
 
@@ -127,8 +128,7 @@ class Wiring:
             except Exception:  # noqa: BLE001 - one failed round must not stop the worker
                 self.metrics.inc(f"{name}_errors_total")
                 log.exception("%s failed", name)
-        run.__name__ = run.__qualname__ = name
-        self.app.timer(interval=seconds, on_leader=on_leader)(run)
+        self.app.timer(interval=seconds, on_leader=on_leader)(single_flight(self.app, run, name))
 
     # -- concerns ---------------------------------------------------------------------
 
