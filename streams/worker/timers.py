@@ -4,8 +4,8 @@ A timer's step may take far longer than its interval: the leader evaluates every
 idle time, and an evaluation of many tag sets takes seconds. Awaited inside the timer, such a
 step holds the timer up, and mode's timer logs a warning ("Timer ... is overlapping") each
 time. Started as one of the app's futures instead (``Service.add_future``), the step runs on
-while the ticks in between return at once: steps still run one at a time, in the order the
-ticks start them, and the app cancels a running step when it stops, as it does its timers.
+while the ticks in between return at once: steps still run one at a time, and the app
+cancels a running step when it stops, as it does its timers.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ from bench import chaos
 from tests.conftest import unavailable
 from tests.integration.redis_stores import ClusterRedis
 
+# Fewer events than the full run, as CI's 40 minutes are shared with every other test: the
+# single-Redis run keeps every fault of the full one; the cluster run, shorter still, proves
+# the same checks hold when one master of three dies.
 RUNS = {
-    # every fault of the full run, on fewer events: CI's 40 minutes are shared with the rest
     "single": chaos.Config(events=100_000, malformed=5_000, kills=10),
-    # shorter: the cluster run proves the same checks hold when one master of three dies,
-    # and CI's time is shared with everything else
     "cluster": chaos.Config(events=60_000, malformed=3_000, kills=4, redis_restarts=2,
                             kafka_restarts=1, rebalances=1),
 }
