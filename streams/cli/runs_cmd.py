@@ -51,7 +51,8 @@ def _table(report: Mapping[str, Any]) -> None:
     from costline.streams.cli.training import per_text, tokens_text
 
     currency, period = report["currency"], report["period"]
-    table = Table(title=f"Training runs {period['start']} → {period['end']}")
+    title = f"Training runs {period['start']} → {period['end']}"
+    table = Table(title=title, min_width=len(title))  # a narrow table keeps its title on one line
     for column in ("run", "status", "spend", "waste", "tokens", "per Mtok", "steps",
                    "per step", "checkpoints"):
         table.add_column(column, justify="left" if column in ("run", "status") else "right")

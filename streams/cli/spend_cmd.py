@@ -190,7 +190,8 @@ def _table(report: dict[str, Any], by: Sequence[str], basis: str = "net") -> Non
     from costline.rules.money import money
 
     period, currency = report["period"], report["currency"]
-    table = Table(title=f"Spend {period['start']} → {period['end']}")
+    title = f"Spend {period['start']} → {period['end']}"
+    table = Table(title=title, min_width=len(title))  # a narrow table keeps its title on one line
     for key in by:
         table.add_column(key)
     table.add_column(basis, justify="right")

@@ -113,7 +113,8 @@ def print_per_tokens(report: Mapping[str, Any], by: Sequence[str]) -> None:
     from costline.rules.money import money
 
     currency, period = report["currency"], report["period"]
-    table = Table(title=f"Spend and what it bought {period['start']} → {period['end']}")
+    title = f"Spend and what it bought {period['start']} → {period['end']}"
+    table = Table(title=title, min_width=len(title))  # a narrow table keeps its title on one line
     for key in by:
         table.add_column(key)
     for column in ("cost", "waste", "tokens", "per Mtok", "steps", "per step"):

@@ -55,6 +55,12 @@ def test_the_table_shows_currency_and_ends_with_a_total_row(spend) -> None:
     assert "0.000000" not in result.stdout
 
 
+def test_a_narrow_table_keeps_its_period_on_one_line(spend) -> None:
+    result = spend("--by", "team")
+    title = result.stdout.splitlines()[0].strip()
+    assert title.startswith("Spend ") and title.count("Z") == 2, result.stdout
+
+
 def test_json_keeps_the_exact_six_place_strings(spend) -> None:
     rows = json.loads(spend("--by", "team", "--json").stdout)["rows"]
     assert rows[0] == {"group": {"team": ""}, "cost": "80.000000", "gross": "80.000000",
