@@ -100,7 +100,10 @@ def period_words(start: float, end: float, now: float, zone: str) -> str:
         if first.day == last.day == 1:
             return first.strftime("%b %Y")
     if abs(now - end) < 600:
-        return f"last {format_duration(int(round((end - start) / 60)) * 60)}"
+        # Minutes matter in a short window; past a day ("since the oldest checkpoint") they
+        # are noise: "last 1w1d", not "last 1w1d1m".
+        unit = 60 if end - start < 86_400 else 3600
+        return f"last {format_duration(int(round((end - start) / unit)) * unit)}"
     return span_text(start, end, zone)
 
 

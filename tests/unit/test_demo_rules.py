@@ -100,6 +100,8 @@ def test_each_alert_says_the_period_its_rule_counts() -> None:
     assert period_words(at(2026, 11, 30), at(2026, 12, 7), THURSDAY, "UTC") == \
         "week of Nov 30"
     assert period_words(THURSDAY - 6 * 3600 - 60, THURSDAY - 60, THURSDAY, "UTC") == "last 6h"
+    assert period_words(THURSDAY - 35 * 60, THURSDAY, THURSDAY, "UTC") == "last 35m"
+    assert period_words(THURSDAY - 8 * 86_400 - 70, THURSDAY, THURSDAY, "UTC") == "last 1w1d"
     rows = [{"rule": "team-monthly", "group": {"team": "pretrain"}, "state": "firing",
              "kind": "budget", "unit": "currency", "currency": "USD", "value": "98031.210000",
              "threshold": "250000.000000", "muted_by": None,
