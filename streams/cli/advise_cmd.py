@@ -59,10 +59,10 @@ def advice_report(found: list[Any], currency: str) -> dict[str, Any]:
 
 def _print(report: Mapping[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     from costline.rules.kinds.checkpoint_interval import interval_text
     from costline.rules.money import money
+    from costline.streams.cli.tables import titled
 
     console, currency = Console(), report["currency"]
     if not report["runs"]:
@@ -73,12 +73,12 @@ def _print(report: Mapping[str, Any]) -> None:
         source = (f"{rate['faults']} faults in {Decimal(rate['accelerator_hours']):,.0f} "
                   "accelerator-hours" if rate["measured"] else
                   f"assumed {Decimal(rate['per_accelerator_day']):.6f} per accelerator-day")
-        table = Table(title=(
+        table = titled(
             f"{run['run']}: {Decimal(run['accelerators']):,.0f} accelerators at "
             f"{money(Decimal(run['burn_per_hour']), currency)}/h; MTBF "
             f"{run['mtbf_hours']} h ({source}); {run['write_seconds']} s to write a "
             f"checkpoint; {run['checkpoints_kept']} kept, "
-            f"{money(Decimal(run['storage_per_hour']), currency)}/h"))
+            f"{money(Decimal(run['storage_per_hour']), currency)}/h")
         table.add_column("a day")
         now = interval_text(Decimal(run["interval_seconds"]))
         best = interval_text(Decimal(run["optimal_seconds"]))

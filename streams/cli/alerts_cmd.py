@@ -105,9 +105,10 @@ def _print_alerts(rows: list[dict[str, Any]]) -> None:
     """One row per alert: the rule with its severity, state and group under it, the figure and
     the line in the alert's unit, and since when; it fits an 80-column terminal uncut."""
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"{len(rows)} alert(s) pending or firing")
+    from costline.streams.cli.tables import titled
+
+    table = titled(f"{len(rows)} alert(s) pending or firing")
     for column in ("alert", "value", "line", "since"):
         table.add_column(column, no_wrap=column != "alert", overflow="fold",
                          justify="right" if column in ("value", "line") else "left")

@@ -67,14 +67,14 @@ def inventory_report(state: Any, currency: str, now: float, run: str | None = No
 
 def _print_inventory(report: Mapping[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     from costline.rules.durations import format_duration, parse_time
     from costline.rules.money import money
+    from costline.streams.cli.tables import titled
 
     console, currency = Console(), report["currency"]
     now = parse_time(report["at"])
-    tiers = Table(title=f"Checkpoint storage by tier at {report['at']}")
+    tiers = titled(f"Checkpoint storage by tier at {report['at']}")
     for column in ("tier", "checkpoints", "runs", "size", "per day", "so far"):
         tiers.add_column(column, justify="left" if column == "tier" else "right")
     for tier in report["tiers"]:
@@ -83,7 +83,7 @@ def _print_inventory(report: Mapping[str, Any]) -> None:
                       money(Decimal(tier["so_far"]), currency))
     console.print(tiers)
     for run in report["runs"]:
-        table = Table(title=f"{run['run']}: {len(run['checkpoints'])} checkpoint(s)")
+        table = titled(f"{run['run']}: {len(run['checkpoints'])} checkpoint(s)")
         for column in ("step", "tier", "size", "age", "per day", "so far", "note",
                        "location"):
             table.add_column(column, justify="right" if column in (

@@ -45,14 +45,13 @@ def runs_report(state: Any, currency: str, where: Mapping[str, Any], start: floa
 
 def _table(report: Mapping[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     from costline.rules.money import money
+    from costline.streams.cli.tables import titled
     from costline.streams.cli.training import per_text, tokens_text
 
     currency, period = report["currency"], report["period"]
-    title = f"Training runs {period['start']} → {period['end']}"
-    table = Table(title=title, min_width=len(title))  # a narrow table keeps its title on one line
+    table = titled(f"Training runs {period['start']} → {period['end']}")
     for column in ("run", "status", "spend", "waste", "tokens", "per Mtok", "steps",
                    "per step", "checkpoints"):
         table.add_column(column, justify="left" if column in ("run", "status") else "right")

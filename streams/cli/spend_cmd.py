@@ -185,13 +185,12 @@ def _table(report: dict[str, Any], by: Sequence[str], basis: str = "net") -> Non
     from decimal import Decimal
 
     from rich.console import Console
-    from rich.table import Table
 
     from costline.rules.money import money
+    from costline.streams.cli.tables import titled
 
     period, currency = report["period"], report["currency"]
-    title = f"Spend {period['start']} → {period['end']}"
-    table = Table(title=title, min_width=len(title))  # a narrow table keeps its title on one line
+    table = titled(f"Spend {period['start']} → {period['end']}")
     for key in by:
         table.add_column(key)
     table.add_column(basis, justify="right")

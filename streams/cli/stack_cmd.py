@@ -18,6 +18,7 @@ from rich.table import Table
 from costline.streams import stack
 from costline.streams.cli import command_group
 from costline.streams.cli.root import settings_of
+from costline.streams.cli.tables import titled
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -41,7 +42,7 @@ def _print_exports(exports: dict[str, str]) -> None:
 
 
 def _table(info: stack.StackInfo) -> Table:
-    table = Table(title="costline stack", title_justify="left")
+    table = titled("costline stack", title_justify="left")
     for column in ("service", "role", "flavor", "endpoint", "pid", "state"):
         table.add_column(column, no_wrap=True)
     colors = {"running": "green", "not answering": "yellow", "stopped": "red"}

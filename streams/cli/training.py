@@ -108,13 +108,12 @@ def per_text(amount: str | None, currency: str) -> str:
 def print_per_tokens(report: Mapping[str, Any], by: Sequence[str]) -> None:
     """``spend --per tokens`` for people."""
     from rich.console import Console
-    from rich.table import Table
 
     from costline.rules.money import money
+    from costline.streams.cli.tables import titled
 
     currency, period = report["currency"], report["period"]
-    title = f"Spend and what it bought {period['start']} → {period['end']}"
-    table = Table(title=title, min_width=len(title))  # a narrow table keeps its title on one line
+    table = titled(f"Spend and what it bought {period['start']} → {period['end']}")
     for key in by:
         table.add_column(key)
     for column in ("cost", "waste", "tokens", "per Mtok", "steps", "per step"):

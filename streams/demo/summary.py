@@ -15,6 +15,7 @@ from rich.table import Table
 from costline.rules.durations import parse_time, rfc3339
 from costline.rules.money import money
 from costline.rules.prices import PriceBook, format_micro
+from costline.streams.cli.tables import titled
 from costline.streams.demo.training_summary import print_training
 
 
@@ -52,7 +53,7 @@ def span_text(start: float, end: float, zone: str) -> str:
 def amounts_table(title: str, what: str, amounts: dict[str, str], currency: str) -> Table:
     """One group per row, as currency, then the total; as wide as its title, which says the
     period it covers."""
-    grid = Table(title=title, min_width=len(title))
+    grid = titled(title)
     grid.add_column("group")
     grid.add_column(what, justify="right")
     for group, amount in amounts.items():
@@ -68,7 +69,7 @@ def alerts_table(rows: list[dict[str, Any]], now: float, zone: str) -> Table:
     counted: a calendar budget its day or month, a window rule the last hours or minutes."""
     from costline.streams.cli.alerts_cmd import shown_figure, shown_state
 
-    grid = Table(title="Alerts now, each over the period its rule counts")
+    grid = titled("Alerts now, each over the period its rule counts")
     for column in ("alert", "value", "line", "counts"):
         grid.add_column(column, no_wrap=column != "alert", overflow="fold",
                         justify="right" if column in ("value", "line") else "left")

@@ -11,9 +11,9 @@ from decimal import Decimal
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from costline.rules.money import money
+from costline.streams.cli.tables import titled
 
 RUN = "run-42"
 
@@ -69,7 +69,7 @@ def print_training(out: Console, summary: Mapping[str, Any]) -> None:
         names = ", ".join(sorted(row["run"] for row in failed))
         out.print(f"Failed runs: {names} — their whole spend, {money(lost, currency)}, is "
                   "waste (failed_run).")
-    tiers = Table(title=f"{RUN}'s {summary.get('checkpoints', 0)} checkpoints by tier")
+    tiers = titled(f"{RUN}'s {summary.get('checkpoints', 0)} checkpoints by tier")
     for column in ("tier", "checkpoints", "per day", "so far"):
         tiers.add_column(column, justify="left" if column == "tier" else "right")
     for tier in summary.get("checkpoint_tiers", []):
