@@ -16,6 +16,7 @@ from costline.rules.durations import parse_time
 from costline.rules.state import BUCKET_S, align_down
 from costline.streams.settings import Settings
 from costline.streams.topics import create_topics
+from tests.conftest import services_required
 from tests.integration.streamkit import Worker, produce, run_cli, worker_env
 
 pytestmark = pytest.mark.integration
@@ -84,11 +85,19 @@ class AlertsTopic:
         self.consumer.close()
 
 
-@pytest.fixture
-def pipeline(
-    services: Any, kafka_namespace: str, tmp_path: Path
-) -> Iterator[tuple[dict[str, str], AlertsTopic, Callable[..., None]]]:
-    """A worker evaluating ``RULES`` every second, the alerts topic, and a way to send events."""
+Pipeline = tuple[dict[str, str], AlertsTopic, Callable[..., None]]
+# libfaketime (Debian's libfaketime): preloaded into the worker and inherited by its child
+# processes, it moves their wall clock by a fixed offset and leaves the monotonic clock alone,
+# so Kafka's and Faust's timeouts run as usual.
+FAKETIME_LIBRARIES = sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))
+# Where a shifted worker's clock is when it starts: this long before a bucket boundary.
+LEAD_S = 100
+
+
+def run_pipeline(services: Any, kafka_namespace: str, tmp_path: Path,
+                 extra: dict[str, str]) -> Iterator[Pipeline]:
+    """A worker evaluating ``RULES`` every second (its environment plus ``extra``), the
+    alerts topic, and a way to send events."""
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     env = worker_env(
@@ -98,6 +107,7 @@ def pipeline(
         COSTLINE_RULES=str(rules),
         COSTLINE_RULES_TICK_S="1",
         COSTLINE_STATE_DIR=str(tmp_path / "state"),
+        **extra,
     )
     create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=kafka_namespace,
                            partitions=2))
@@ -120,6 +130,30 @@ def pipeline(
         topic.close()
 
 
+@pytest.fixture
+def pipeline(services: Any, kafka_namespace: str, tmp_path: Path) -> Iterator[Pipeline]:
+    yield from run_pipeline(services, kafka_namespace, tmp_path, {})
+
+
+@pytest.fixture
+def pipeline_before_boundary(
+    services: Any, kafka_namespace: str, tmp_path: Path
+) -> Iterator[tuple[Pipeline, float]]:
+    """``pipeline`` with the worker's wall clock ahead of this process's by the offset (0 to
+    5 minutes) that starts it ``LEAD_S`` before a bucket boundary, and the offset. Without
+    libfaketime the worker keeps the real clock (offset 0), unless CI requires it."""
+    ahead, clock = 0.0, {}
+    if FAKETIME_LIBRARIES:
+        ahead = round((-LEAD_S - time.time()) % BUCKET_S, 3)
+        clock = {"LD_PRELOAD": str(FAKETIME_LIBRARIES[0]), "FAKETIME": f"+{ahead}",
+                 "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    elif services_required():
+        pytest.fail("libfaketime is required (REQUIRE_SERVICES=1) but not installed",
+                    pytrace=False)
+    for piece in run_pipeline(services, kafka_namespace, tmp_path, clock):
+        yield piece, ahead
+
+
 def gpu_hours(hours: float, ts: float, **tags: str) -> dict[str, Any]:
     return {"kind": "usage", "ts": ts, "resource_id": "node-1", "quantity": hours,
             "unit": "gpu_hour", "tags": tags}
@@ -131,7 +165,7 @@ def gpu_util(value: float, ts: float, **tags: str) -> dict[str, Any]:
 
 
 def test_a_budget_alert_goes_pending_firing_escalates_and_is_silenced_until_unmuted(
-    pipeline: tuple[dict[str, str], AlertsTopic, Callable[..., None]],
+    pipeline: Pipeline,
 ) -> None:
     env, topic, send = pipeline
     send(gpu_hours(24.1, time.time(), team="eval"))  # 60.009 USD: past the 50% line
@@ -158,7 +192,7 @@ def test_a_budget_alert_goes_pending_firing_escalates_and_is_silenced_until_unmu
 
 
 def test_an_idle_gpu_alert_fires_and_resolves_when_the_gpu_gets_busy(
-    pipeline: tuple[dict[str, str], AlertsTopic, Callable[..., None]],
+    pipeline: Pipeline,
 ) -> None:
     _, topic, send = pipeline
     now = time.time()
@@ -170,12 +204,18 @@ def test_an_idle_gpu_alert_fires_and_resolves_when_the_gpu_gets_busy(
 
 
 def test_a_log_explosion_resolves_once_its_window_moves_past_the_spike(
-    pipeline: tuple[dict[str, str], AlertsTopic, Callable[..., None]],
+    pipeline_before_boundary: tuple[Pipeline, float],
 ) -> None:
-    _, topic, send = pipeline
-    if BUCKET_S - time.time() % BUCKET_S < 45:  # let the spike's bucket stay in the window a while
-        time.sleep(BUCKET_S - time.time() % BUCKET_S + 1)
-    window_end = align_down(time.time())
+    (_, topic, send), ahead = pipeline_before_boundary
+
+    def worker_now() -> float:
+        return time.time() + ahead
+
+    # let the spike's bucket stay in the window a while; with the worker's clock shifted the
+    # boundary is LEAD_S away from its start, and this waits only on a very slow start
+    if BUCKET_S - worker_now() % BUCKET_S < 45:
+        time.sleep(BUCKET_S - worker_now() % BUCKET_S + 1)
+    window_end = align_down(worker_now())
     spike = {**gpu_hours(0, window_end - 150, team="infra", job="run-8"),
              "resource_type": "logs.ingest", "unit": "gb", "quantity": 2}
     send(spike)  # 1 USD of logs in one 5-minute window: 12 USD/h, past max_rate 10
