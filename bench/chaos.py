@@ -589,7 +589,7 @@ class Monitor(threading.Thread):
     def __init__(self, bootstrap: str, redis_url: str, namespace: str,
                  ends: Callable[[], tuple[int, ...]], began: float) -> None:
         super().__init__(name="chaos-monitor", daemon=True)
-        self.bootstrap, self.group = bootstrap, f"{namespace}-aggregator"
+        self.bootstrap, self.group = bootstrap, f"{namespace}-intake"
         self.redis = redis_client(redis_url, timeout_s=1.0)
         self.inputs = [TopicPartition(f"{namespace}.usage.v1", p) for p in range(PARTITIONS)]
         self.ledger = [TopicPartition(f"{namespace}.ledger.v1", p) for p in range(PARTITIONS)]

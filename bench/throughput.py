@@ -17,8 +17,7 @@ round (``--rounds``):
     ``--folding``) for each N of ``--scale``, on a fresh namespace state (no consumer groups,
     no ledger, no Redis keys). The workers start, join both consumer groups (intake's and the
     aggregation's) and wait until the groups have split the partitions; they are then let go
-    all at once (before that a worker has fetched at most Faust's stream buffer, and taken
-    nothing). Timed from the go until ``costline.streams.progress.behind`` says every message
+    all at once (before that a worker has fetched one take, and priced nothing). Timed from the go until ``costline.streams.progress.behind`` says every message
     is counted, to the moment the last home partition's watermark reached its end.
 
 It prints, per data set, the events/s and CPU-µs per event of (a) and of (c) (the worker's
@@ -41,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -121,19 +121,21 @@ async def ceiling(topic: str, ends: dict[int, int], bootstrap: str) -> dict[str,
 
 
 def gated_worker(go: str) -> None:
-    """``costline worker``, whose intake takes nothing before the file ``go`` exists."""
+    """``costline worker``, whose intake prices nothing before the file ``go`` exists: its
+    consumer joins the group and holds its first take until then."""
     from costline.streams.cli.root import main
-    from costline.streams.worker.intake import Intake
+    from costline.streams.worker.input_takes import InputTakes
 
-    run = Intake.run
+    takes = InputTakes.takes
 
-    async def run_after_go(self: Intake, stream: Any, batch_messages: int,
-                           within_s: float) -> None:
-        while not os.path.exists(go):
-            await asyncio.sleep(0.01)
-        await run(self, stream, batch_messages, within_s)
+    async def takes_after_go(self: InputTakes) -> Any:
+        async with contextlib.aclosing(takes(self)) as inner:
+            async for take in inner:
+                while not os.path.exists(go):
+                    await asyncio.sleep(0.01)
+                yield take
 
-    Intake.run = run_after_go  # type: ignore[method-assign]
+    InputTakes.takes = takes_after_go  # type: ignore[method-assign]
     sys.argv = ["costline", "worker", "--loglevel", "warning"]
     main()
 
@@ -269,7 +271,7 @@ class Bench:
             worker.start()
             workers.append(worker)
         self.workers = workers
-        groups = [f"{ns}-aggregator", f"{ns}-ledger"]
+        groups = [f"{ns}-intake", f"{ns}-ledger"]
         log(f"(c) {count} worker(s): waiting for both consumer groups to split the partitions")
         self.wait(workers, lambda: formed(groups_of(a.bootstrap, groups), count), 300,
                   "the consumer groups to form")

@@ -1,9 +1,11 @@
 """How much of a namespace's input is not counted yet.
 
-An input message is counted once intake has sent its events to the ledger (Faust then commits
+An input message is counted once intake has sent its events to the ledger (intake then commits
 its offset, after the ledger has them) and every ledger record up to those is applied to
-Redis (each home partition's watermark). Tests, benchmarks and operators ask this to know that
-what was produced is in ``costline spend``.
+Redis (each home partition's watermark). Input is read committed, as intake reads it: a
+transaction still open is not behind yet, and its markers are passed by intake's commits.
+Tests, benchmarks and operators ask this to know that what was produced is in ``costline
+spend``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def behind(settings: Settings, redis: RedisClient) -> Behind:
     """Input first, then the ledger: a ledger end read after intake committed everything holds
     every record that input made."""
     security = settings.kafka_security()
-    kafka = consumer(settings.kafka_bootstrap, security=security)
+    kafka = consumer(settings.kafka_bootstrap, security=security,
+                     isolation_level="read_committed")
     manager = admin(settings.kafka_bootstrap, security=security)
     try:
         from kafka import TopicPartition
@@ -40,7 +43,7 @@ def behind(settings: Settings, redis: RedisClient) -> Behind:
         inputs = [TopicPartition(settings.topic(name), p) for name in INPUTS
                   for p in kafka.partitions_for_topic(settings.topic(name)) or ()]
         ends = kafka.end_offsets(inputs) if inputs else {}
-        committed = _committed(manager, f"{settings.namespace}-aggregator", inputs)
+        committed = _committed(manager, settings.intake_group, inputs)
         waiting = sum(max(0, end - _offset(committed.get(tp))) for tp, end in ends.items())
         ledger = [TopicPartition(settings.topic(LEDGER), p)
                   for p in kafka.partitions_for_topic(settings.topic(LEDGER)) or ()]

@@ -285,6 +285,17 @@ class Settings(BaseSettings):
         """The namespaced topic name, e.g. ``costline.usage.v1``."""
         return f"{self.namespace}.{name}.v1"
 
+    @property
+    def intake_group(self) -> str:
+        """The consumer group of intake, on the input topics."""
+        return f"{self.namespace}-intake"
+
+    @property
+    def app_group(self) -> str:
+        """The Faust app's id and consumer group: the notifiers on the alerts topic (and,
+        before intake had a group of its own, the input topics)."""
+        return f"{self.namespace}-aggregator"
+
     def exports(self) -> dict[str, str]:
         """The environment a shell needs to reach the same services (no secrets)."""
         return {

@@ -49,12 +49,14 @@ from costline.streams.topics import INPUTS
 from costline.streams.worker import api_pages, collector
 from costline.streams.worker.aggregation import Aggregation
 from costline.streams.worker.budget_gauges import BUDGET_SERIES, GAUGE_HELP, BudgetGauges
+from costline.streams.worker.consumers import group_consumer
 from costline.streams.worker.enforce_alerts import enforcement_alert
 from costline.streams.worker.enforcer import EnforceActions, Enforcer, build_enforcer
 from costline.streams.worker.evaluation_process import ProcessRunner
 from costline.streams.worker.evaluator import Evaluator, RuleSource
 from costline.streams.worker.faust_app import faust_app
 from costline.streams.worker.health import Health
+from costline.streams.worker.input_takes import InputTakes
 from costline.streams.worker.intake import Intake
 from costline.streams.worker.lifecycle import CheckpointKeeper, build_keeper, lifecycle_cap_alert
 from costline.streams.worker.metric_help import DESCRIPTIONS
@@ -79,6 +81,8 @@ WATERMARK_CHECK_S = 10.0
 # holds the worker back, the backlog waits on the input topics and the ledger stays short.
 BEHIND_LEDGER_RECORDS = 100
 BEHIND_INPUT_MESSAGES = 1_000
+# How often intake commits the input it delivered: a crash repeats at most this much input.
+INPUT_COMMIT_EVERY_S = 2.0
 # How often the leader looks for reminders a notifier owes its channel.
 REMIND_S = 5.0
 Send = Callable[[bytes, bytes], Awaitable[None]]
@@ -140,59 +144,49 @@ class Wiring:
             return InlinePricing(pricer)
         return PoolPricing(settings.prices, partitions, settings.folding_processes, pricer)
 
-    def intake(self, partitions: int) -> Intake:
-        settings, app = self.settings, self.app
+    def intake(self, partitions: int) -> tuple[Intake, InputTakes]:
+        settings = self.settings
         pricing = self.pricing(partitions)
         intake = Intake(pricing=pricing, send=self.send, ledger_topic=settings.topic("ledger"),
                         dlq_topic=settings.topic("dlq"), metrics=self.metrics,
                         health=self.health, depth=settings.folding_takes)
+        source = InputTakes(
+            # committed records only: never what a transactional producer aborts
+            consumer=lambda group: group_consumer(settings, group,
+                                                  isolation_level="read_committed"),
+            group=settings.intake_group,
+            earlier_group=settings.app_group, topics=[settings.topic(n) for n in INPUTS],
+            batch_messages=settings.batch_messages, within_s=settings.batch_within_s,
+            commit_every_s=INPUT_COMMIT_EVERY_S)
 
-        @app.agent(self.topic(*INPUTS), concurrency=1)
-        async def take_in(stream: Any) -> None:
-            await intake.run(stream, settings.batch_messages, settings.batch_within_s)
-
-        @app.service
-        class PricingPool(faust.Service):
-            """Starts the pricing processes with the worker, and shuts them down with it."""
+        @self.app.service
+        class Input(faust.Service):
+            """Starts the pricing processes and the input's consumer with the worker, and
+            stops them with it."""
 
             async def on_start(self) -> None:
                 await pricing.start()
 
+            @faust.Service.task
+            async def _take_in(self) -> None:
+                await intake.run(source)
+
             async def on_stop(self) -> None:
+                # The takes in flight end before their pricing processes do.
+                await source.stop(timeout_s=10.0)
                 pricing.close()
 
         self.metrics.gauge("input_lag", lambda: {
-            (("partition", str(partition)), ("topic", topic)): float(lag)
-            for (topic, partition), lag in self.input_lag(intake).items()})
-        return intake
-
-    def input_lag(self, intake: Intake) -> dict[tuple[str, int], int]:
-        """Input messages not yet priced, per input partition intake has taken from."""
-        out = {}
-        for (topic, partition), offset in intake.delivered.items():
-            high = _highwater(self.app, topic, partition)
-            if high is not None:
-                out[(topic, partition)] = max(0, high - offset - 1)
-        return out
+            (("partition", str(tp.partition)), ("topic", tp.topic)): float(lag)
+            for tp, lag in source.lag().items()})
+        return intake, source
 
     def aggregation(self, partitions: int) -> Aggregation:
         settings = self.settings
-        security = settings.kafka_security()
 
         def consumer() -> AIOKafkaConsumer:
-            return AIOKafkaConsumer(
-                bootstrap_servers=settings.kafka_bootstrap,
-                group_id=f"{settings.namespace}-ledger",
-                client_id=f"{settings.namespace}-ledger",
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                max_partition_fetch_bytes=settings.fetch_bytes,
-                fetch_max_bytes=max(settings.fetch_bytes * 8, 8 * 1024 * 1024),
-                session_timeout_ms=int(settings.kafka_session_timeout_s * 1000),
-                heartbeat_interval_ms=int(min(3.0, settings.kafka_session_timeout_s / 3) * 1000),
-                rebalance_timeout_ms=int(settings.kafka_rebalance_timeout_s * 1000),
-                **security.client_kwargs(),
-            )
+            return group_consumer(settings, f"{settings.namespace}-ledger",
+                                  fetch_max_bytes=max(settings.fetch_bytes * 8, 8 * 1024 * 1024))
 
         aggregation = Aggregation(
             consumer=consumer, topic=settings.topic("ledger"), namespace=settings.namespace,
@@ -237,7 +231,7 @@ class Wiring:
         self.every(WATERMARK_CHECK_S, "zone_record", record_zone)
         return aggregation
 
-    def alerting(self, intake: Intake, aggregation: Aggregation) -> Evaluator:
+    def alerting(self, source: InputTakes, aggregation: Aggregation) -> Evaluator:
         settings = self.settings
         runner = ProcessRunner(settings, self.prices) if settings.evaluator == "process" else None
         if runner is not None:
@@ -257,7 +251,7 @@ class Wiring:
             publish=self.sender("alerts"), metrics=self.metrics, tick_s=settings.rules_tick_s,
             runner=runner,
             behind=lambda: (sum(aggregation.lag().values()) >= BEHIND_LEDGER_RECORDS
-                            or sum(self.input_lag(intake).values()) >= BEHIND_INPUT_MESSAGES),
+                            or sum(source.lag().values()) >= BEHIND_INPUT_MESSAGES),
         )
 
     def reclamation(self, evaluator: Evaluator) -> Reclaimer:
@@ -463,14 +457,6 @@ class Wiring:
             return web.text(metrics.render(), content_type="text/plain; version=0.0.4")
 
 
-def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
-    try:
-        high = app.consumer.highwater(faust.types.TP(topic, partition))
-    except Exception:  # noqa: BLE001 - no highwater before the first fetch
-        return None
-    return int(high) if high is not None else None
-
-
 def _notify_of(evaluator: Evaluator, rule_name: Any) -> dict[str, Any]:
     """Where a rule's alerts go (its ``notify`` block), for alerts made outside the engine."""
     rule = evaluator.source.rules().get(str(rule_name))
@@ -484,10 +470,10 @@ def build_app(settings: Settings, partitions: int | None = None
     pages. ``partitions``: the ledger topic's (the settings' when not given)."""
     wiring = Wiring(settings)
     partitions = partitions or settings.partitions
-    intake = wiring.intake(partitions)
+    intake, source = wiring.intake(partitions)
     wiring.refusal_tally(intake)
     aggregation = wiring.aggregation(partitions)
-    evaluator = wiring.alerting(intake, aggregation)
+    evaluator = wiring.alerting(source, aggregation)
     reclaimer = wiring.reclamation(evaluator)
     wiring.checkpoint_lifecycle(evaluator)
     wiring.notifiers(evaluator, reclaimer, wiring.enforcement(evaluator))

@@ -14,11 +14,12 @@ def faust_broker(bootstrap: str) -> list[str]:
 
 
 def faust_app(settings: Settings) -> faust.App:
-    """The worker's Faust app: intake, the notifier, timers and pages."""
+    """The worker's Faust app: the notifiers, timers, pages, and the producer intake sends
+    the ledger with."""
     datadir = settings.state_dir / "faust" / settings.namespace
     datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     return faust.App(
-        f"{settings.namespace}-aggregator",
+        settings.app_group,
         broker=faust_broker(settings.kafka_bootstrap),
         # TLS and SASL for Faust's consumer, producer and topic creation alike.
         broker_credentials=settings.kafka_security().faust_credentials(),
@@ -39,12 +40,7 @@ def faust_app(settings: Settings) -> faust.App:
         producer_linger_ms=5,
         # The dead letter of a refused 10,000-event batch is a few MiB (topics allow 16 MiB).
         producer_max_request_size=MAX_MESSAGE_BYTES,
-        # Messages Faust buffers ahead of the agent. 100-event batches are ~33 KB each, so
-        # its default of 4,096 could hold 130 MiB; a few takes ahead keep the agent busy.
-        stream_buffer_maxsize=max(1024, settings.batch_messages * 4),
-        # Compressed bytes fetched ahead per partition: Kafka's own 1 MiB, not Faust's 4 MiB,
-        # so a worker owning 24 partitions holds at most 24 MiB of them.
+        # Compressed bytes fetched ahead per partition: Kafka's own 1 MiB, not Faust's 4 MiB.
         consumer_max_fetch_size=settings.fetch_bytes,
-        broker_commit_every=max(10_000, settings.batch_messages * 4),
         web_in_thread=False,
     )

@@ -1,6 +1,6 @@
-"""Intake: a take's dead letters and ledger records reach Kafka before its messages are
-acknowledged; a failed send is sent again; takes are priced side by side and delivered in
-order."""
+"""Intake: a take's dead letters and ledger records reach Kafka before the take is told
+delivered; a failed send is sent again; takes are priced side by side and delivered in
+order; a take of nothing but skipped markers is delivered at once."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ class Message:
     value: bytes
 
 
-@dataclass
-class Event:
-    message: Message
+@dataclass(eq=False)
+class Take:
+    messages: list[Message]
 
 
 def usage(event_id: str) -> bytes:
@@ -61,21 +61,24 @@ class Kafka:
         return done
 
 
-class Stream:
-    """Takes of events, and the acknowledgements the agent gives."""
+class Source:
+    """Takes of messages, and the takes intake says are delivered."""
 
-    def __init__(self, takes: list[list[Event]], kafka: Kafka) -> None:
-        self.takes, self.kafka = takes, kafka
+    def __init__(self, takes: list[Take], kafka: Kafka) -> None:
+        self.takes_, self.kafka = takes, kafka
         self.acked: list[int] = []
+        self.delivered_takes: list[Take] = []
 
-    async def noack_take(self, max_: int, within: float) -> Any:
-        for take in self.takes:
+    async def takes(self) -> Any:
+        for take in self.takes_:
             yield take
         await asyncio.sleep(0.2)  # the input goes quiet: what is in flight is still delivered
 
-    async def ack(self, event: Event) -> None:
-        self.acked.append(event.message.offset)
-        self.kafka.log.append(f"ack {event.message.offset}")
+    def delivered(self, take: Take) -> None:
+        self.delivered_takes.append(take)
+        for message in take.messages:
+            self.acked.append(message.offset)
+            self.kafka.log.append(f"ack {message.offset}")
 
 
 def intake(kafka: Kafka, depth: int = 2) -> Intake:
@@ -84,15 +87,15 @@ def intake(kafka: Kafka, depth: int = 2) -> Intake:
                   health=Health(), depth=depth)
 
 
-def events(*values: bytes, first: int = 0) -> list[Event]:
-    return [Event(Message("t.usage.v1", 1, first + n, v)) for n, v in enumerate(values)]
+def take(*values: bytes, first: int = 0) -> Take:
+    return Take([Message("t.usage.v1", 1, first + n, v) for n, v in enumerate(values)])
 
 
 async def test_refused_messages_and_ledger_records_reach_kafka_before_the_acknowledgement():
     kafka = Kafka()
-    stream = Stream([events(usage("a"), b"{bad", usage("b"))], kafka)
-    await intake(kafka).run(stream, 100, 0.1)  # type: ignore[arg-type]
-    assert stream.acked == [0, 1, 2]
+    source = Source([take(usage("a"), b"{bad", usage("b"))], kafka)
+    await intake(kafka).run(source)
+    assert source.acked == [0, 1, 2]
     first_ack = kafka.log.index("ack 0")
     assert all(entry.startswith("sent") for entry in kafka.log[:first_ack])
     [letter] = [value for topic, _, _, value in kafka.has if topic == "t.dlq.v1"]
@@ -102,28 +105,30 @@ async def test_refused_messages_and_ledger_records_reach_kafka_before_the_acknow
     assert all(p is not None and 0 <= p < 3 for p, _ in ledger)
 
 
-async def test_a_failed_send_is_sent_again_and_the_take_acknowledged_only_after():
+async def test_a_failed_send_is_sent_again_and_the_take_delivered_only_after():
     kafka = Kafka(failures=2)
-    stream = Stream([events(usage("a"))], kafka)
+    source = Source([take(usage("a"))], kafka)
     agent = intake(kafka)
-    await agent.run(stream, 100, 0.1)  # type: ignore[arg-type]
-    assert stream.acked == [0]
+    await agent.run(source)
+    assert source.acked == [0]
     assert len([v for t, _, _, v in kafka.has if t == "t.ledger.v1"]) == 1
     assert "kafka" not in agent.health.problems
 
 
-async def test_takes_are_handed_to_kafka_in_order_and_each_acknowledged_once_all_is_in():
+async def test_takes_are_handed_to_kafka_in_order_and_each_delivered_once_all_is_in():
     kafka = Kafka()
-    takes = [events(usage(f"e{n}"), first=n) for n in range(6)]
-    stream = Stream(takes, kafka)
-    await intake(kafka, depth=3).run(stream, 100, 0.1)  # type: ignore[arg-type]
-    assert sorted(stream.acked) == list(range(6))
+    takes = [take(usage(f"e{n}"), first=n) for n in range(6)]
+    source = Source(takes, kafka)
+    await intake(kafka, depth=3).run(source)
+    assert sorted(source.acked) == list(range(6))
     sent = [Record.decode(v).entries[0][1] for t, _, _, v in kafka.has if t == "t.ledger.v1"]
     assert sent == [event_key(f"e{n}", 3)[0] for n in range(6)]
 
 
-async def test_delivered_offsets_feed_the_input_lag():
+async def test_a_take_of_only_skipped_records_is_delivered_without_pricing_or_sending():
     kafka = Kafka()
-    agent = intake(kafka)
-    await agent.run(Stream([events(usage("a"), usage("b"), first=7)], kafka), 100, 0.1)  # type: ignore[arg-type]
-    assert agent.delivered == {("t.usage.v1", 1): 8}
+    empty = Take([])
+    source = Source([take(usage("a")), empty, take(usage("b"), first=1)], kafka)
+    await intake(kafka).run(source)
+    assert empty in source.delivered_takes
+    assert len([v for t, _, _, v in kafka.has if t == "t.ledger.v1"]) == 2

@@ -1,0 +1,183 @@
+"""The input topics, read committed, in takes; their offsets committed once delivered.
+
+Producers may write in Kafka transactions (Kafka Connect and Flink sinks with exactly-once on,
+any client with a ``transactional.id``). What such a producer aborts stays in the log, and a
+consumer reading uncommitted records counts it; a transaction still open may yet be aborted.
+So intake reads with ``isolation_level="read_committed"``: it gets a transaction's records once
+it commits, never an aborted one. Faust sets that isolation level only for its own
+exactly-once processing, which makes every send of the app transactional; intake is therefore
+a plain aiokafka consumer in a group of its own (``Settings.intake_group``), run as a service
+of the Faust app, as the aggregation's ledger consumer is.
+
+A take is what one fetch returns, at most ``batch_messages`` messages. Offsets are committed
+every ``commit_every_s`` seconds, each partition's at its position after the last take that is
+delivered with every take before it (``costline.rules.input_offsets``), so a crash repeats
+messages and never loses one.
+
+A group that has not committed a partition yet starts it where the group of the worker's
+Faust app committed it, if that group has: workers before this one took input in a Faust
+agent of that group, and an upgraded worker goes on from there instead of reading the input
+again from its start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+
+from costline.rules.input_offsets import Fetched, InputOffsets
+
+log = logging.getLogger("costline.input")
+
+
+@dataclass(eq=False)
+class Take:
+    """Input messages fetched together (aiokafka's ``ConsumerRecord``), and their offsets."""
+
+    messages: list[Any]
+    offsets: Fetched
+
+
+class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Yields takes of the input topics (``takes``) until stopped; ``delivered`` says a take
+    is in Kafka's hands, and its offsets may be committed."""
+
+    def __init__(self, *, consumer: Callable[[str], AIOKafkaConsumer], group: str,
+                 earlier_group: str, topics: list[str], batch_messages: int,
+                 within_s: float, commit_every_s: float) -> None:
+        self.make_consumer = consumer
+        self.group, self.earlier_group = group, earlier_group
+        self.topics = topics
+        self.batch_messages, self.within_s = batch_messages, within_s
+        self.commit_every_s = commit_every_s
+        self.offsets = InputOffsets()
+        self.consumer: AIOKafkaConsumer | None = None
+        self._seen: dict[TopicPartition, int] = {}
+        self._committed_at = 0.0
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    async def takes(self) -> AsyncGenerator[Take, None]:
+        consumer = self.consumer = self.make_consumer(self.group)
+        consumer.subscribe(self.topics, listener=self)
+        await consumer.start()
+        try:
+            while not self._stopping:
+                batches = await consumer.getmany(timeout_ms=int(self.within_s * 1000),
+                                                 max_records=self.batch_messages)
+                messages = [message for part in batches.values() for message in part]
+                moved = await self._moved(consumer)
+                if messages or moved:
+                    yield Take(messages, self.offsets.fetched(moved))
+                await self.commit(force=False)
+        finally:
+            await self.commit(force=True)
+            self.consumer = None
+            await consumer.stop()
+            self._stopped.set()
+
+    def delivered(self, take: Take) -> None:
+        self.offsets.delivered(take.offsets)
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop after the fetch in progress; returns once what is safe is committed and the
+        group is left (or after ``timeout_s``)."""
+        self._stopping = True
+        if self.consumer is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), timeout_s)
+
+    async def _moved(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, int]:
+        """Positions that moved since the last take: past messages, and past the markers
+        and aborted records the consumer skipped."""
+        moved = {}
+        for tp in consumer.assignment():
+            position = await consumer.position(tp)
+            if self._seen.get(tp) != position:
+                moved[tp] = self._seen[tp] = position
+        return moved
+
+    async def commit(self, *, force: bool) -> None:
+        now = time.monotonic()
+        consumer = self.consumer
+        if consumer is None or (not force and now - self._committed_at < self.commit_every_s):
+            return
+        self._committed_at = now
+        offsets = self.offsets.to_commit(frozenset(consumer.assignment()))
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # A rebalance in progress: the next owner starts from the last commit that took.
+            log.info("committing input offsets failed, they are committed later: %s", exc)
+        else:
+            self.offsets.was_committed(offsets)
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Committed input not yet delivered, per owned partition (for /metrics)."""
+        consumer = self.consumer
+        if consumer is None:
+            return {}
+        out = {}
+        for tp in consumer.assignment():
+            stable = consumer.last_stable_offset(tp)
+            done = self.offsets.safe.get(tp, self.offsets.committed.get(tp))
+            if stable is not None and done is not None:
+                out[tp] = max(0, stable - done)
+        return out
+
+    # -- partitions coming and going -------------------------------------------------------
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        """Commit what is delivered; takes still in flight are read again by the next owner
+        (their events meet their first copies in the ledger's dedup memory)."""
+        await self.commit(force=True)
+        self.offsets.rebalanced()
+        self._seen.clear()
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        """Partitions this group never committed start where the Faust app's group did;
+        all wait (paused) until that is known, so none is fetched from the wrong place."""
+        consumer = self.consumer
+        assigned = list(assigned)
+        if consumer is None or not assigned:
+            return
+        consumer.pause(*assigned)
+        try:
+            fresh = [tp for tp in assigned if await consumer.committed(tp) is None]
+            if fresh:
+                for tp, offset in (await self._earlier_offsets(fresh)).items():
+                    consumer.seek(tp, offset)
+        finally:
+            consumer.resume(*assigned)
+
+    async def _earlier_offsets(self, partitions: list[TopicPartition]
+                               ) -> dict[TopicPartition, int]:
+        """What the Faust app's group committed of these partitions (none on a new
+        deployment)."""
+        earlier = self.make_consumer(self.earlier_group)
+        found = {}
+        try:
+            await earlier.start()
+            for tp in partitions:
+                offset = await earlier.committed(tp)
+                if offset is not None:
+                    found[tp] = offset
+        except KafkaError as exc:
+            log.warning("reading the offsets %s committed failed: %s", self.earlier_group, exc)
+        finally:
+            await earlier.stop()
+        if found:
+            log.info("starting %d input partitions where %s committed them", len(found),
+                     self.earlier_group)
+        return found
+
