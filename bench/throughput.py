@@ -17,8 +17,9 @@ round (``--rounds``):
     ``--folding``) for each N of ``--scale``, on a fresh namespace state (no consumer groups,
     no ledger, no Redis keys). The workers start, join both consumer groups (intake's and the
     aggregation's) and wait until the groups have split the partitions; they are then let go
-    all at once (before that a worker has fetched one take, and priced nothing). Timed from the go until ``costline.streams.progress.behind`` says every message
-    is counted, to the moment the last home partition's watermark reached its end.
+    all at once (before that a worker has fetched one take, and priced nothing). Timed from
+    the go until ``costline.streams.progress.behind`` says every message is counted, to the
+    moment the last home partition's watermark reached its end.
 
 It prints, per data set, the events/s and CPU-µs per event of (a) and of (c) (the worker's
 own process, its pricing processes and its rules' evaluation apart), the ratio c/a (with the

@@ -291,6 +291,11 @@ class Settings(BaseSettings):
         return f"{self.namespace}-intake"
 
     @property
+    def ledger_group(self) -> str:
+        """The consumer group of the aggregation, on the ledger."""
+        return f"{self.namespace}-ledger"
+
+    @property
     def app_group(self) -> str:
         """The Faust app's id and consumer group: the notifiers on the alerts topic (and,
         before intake had a group of its own, the input topics)."""

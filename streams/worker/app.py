@@ -3,16 +3,17 @@ settings.
 
 Input flows in two stages (docs/ARCHITECTURE.md):
 
-* **intake**, a Faust agent on the input topics: takes messages in batches, prices them (in
-  child processes by default), sends refused ones to the dead-letter topic and every event to
-  the home partition of its event id on the ledger topic, then acknowledges them; Faust
-  commits their offsets. At least once: a repeat is caught at home.
+* **intake**, a consumer of the input topics' committed records, run as a service of the app:
+  takes messages in batches, prices them (in child processes by default), sends refused ones
+  to the dead-letter topic and every event to the home partition of its event id on the
+  ledger topic, then commits their offsets (``costline.streams.worker.input_takes``). At
+  least once: a repeat is caught at home.
 * **aggregation**, the ledger's consumer: folds each home partition into windows and writes
   them to Redis with the partition's watermark and dedup memory, exactly once
   (``costline.streams.worker.aggregation``).
 
 Topics carry bytes; intake decodes them itself (``costline.rules.events.parse_message``), so a
-bad message becomes a dead letter instead of an exception inside Faust. The rule engine and
+bad message becomes a dead letter instead of an exception in a consumer. The rule engine and
 reclamation run on the Faust leader only (one worker of the group), so two workers never race
 on the alert book or on a release.
 """
@@ -185,7 +186,7 @@ class Wiring:
         settings = self.settings
 
         def consumer() -> AIOKafkaConsumer:
-            return group_consumer(settings, f"{settings.namespace}-ledger",
+            return group_consumer(settings, settings.ledger_group,
                                   fetch_max_bytes=max(settings.fetch_bytes * 8, 8 * 1024 * 1024))
 
         aggregation = Aggregation(

@@ -17,7 +17,7 @@ DESCRIPTIONS: dict[str, str] = {
                                  "(docs/NOTIFY.md)",
     "evaluation_seconds": "latency of one evaluation (every rule on the tick; between "
                           "ticks, the rules new data can change)",
-    "input_lag": "input messages not yet priced into the ledger",
+    "input_lag": "committed input messages not yet priced into the ledger",
     "consumer_lag": "ledger records not yet applied to Redis",
     "tagsets_known": "tag sets the worker knows Redis holds, so does not send again "
                      "(one budget over its partitions)",
