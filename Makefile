@@ -38,9 +38,10 @@ test: $(BIN)/pytest
 	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
 
 # The oldest faust-streaming and aiokafka pyproject.toml accepts, in an environment of their
-# own: the unit tests, and the exactly-once test (every producer's keys and resends, worker
-# kills and a Redis restart, on a single Redis and a Redis Cluster) against the running
-# services. The rest of the aggregation's integration tests run on the newest only: CI's time.
+# own: the unit tests, and the exactly-once tests (every producer's keys and resends, worker
+# kills and a Redis restart, on a single Redis and a Redis Cluster; transactional producers,
+# read committed) against the running services. The rest of the aggregation's integration
+# tests run on the newest only: CI's time.
 OLDEST := .venv-oldest
 OLDEST_PINS := faust-streaming==0.12.0 aiokafka==0.13.0
 
@@ -56,7 +57,8 @@ test-oldest-unit: $(OLDEST)/bin/pytest
 	$(OLDEST)/bin/python -m pytest -q -ra -m "not integration" tests/unit
 
 test-oldest-services: $(OLDEST)/bin/pytest
-	$(OLDEST)/bin/python -m pytest -q -ra tests/integration/test_exactly_once.py $(PYTEST_ARGS)
+	$(OLDEST)/bin/python -m pytest -q -ra tests/integration/test_exactly_once.py \
+	    tests/integration/test_transactional_producers.py $(PYTEST_ARGS)
 
 demo: $(BIN)/costline
 	$(BIN)/costline demo
