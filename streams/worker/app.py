@@ -173,7 +173,8 @@ class Wiring:
                 await intake.run(source)
 
             async def on_stop(self) -> None:
-                # The takes in flight end before their pricing processes do.
+                # Intake stops taking, delivers and commits what is in flight, and leaves its
+                # group before the pricing processes stop.
                 await source.stop(timeout_s=10.0)
                 pricing.close()
 

@@ -14,10 +14,13 @@ every ``commit_every_s`` seconds, each partition's at its position after the las
 delivered with every take before it (``costline.rules.input_offsets``), so a crash repeats
 messages and never loses one.
 
-A group that has not committed a partition yet starts it where the group of the worker's
-Faust app committed it, if that group has: workers before this one took input in a Faust
-agent of that group, and an upgraded worker goes on from there instead of reading the input
-again from its start.
+A partition assigned to the worker waits, paused, until the loop has read where the group
+committed it; one the group never committed starts where the group of the worker's Faust app
+committed it, if that group has: workers before this one took input in a Faust agent of that
+group, and an upgraded worker goes on from there instead of reading the input again from its
+start. The rebalance listener only pauses (as the aggregation's does), so a broker slow to
+answer holds up those partitions, never the group, and nothing of them is fetched, or
+committed, from the wrong place meanwhile.
 """
 
 from __future__ import annotations
@@ -31,11 +34,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from costline.rules.input_offsets import Fetched, InputOffsets
 
 log = logging.getLogger("costline.input")
+
+# How long a stopping worker waits for the takes in flight to be delivered before its last
+# commit (what is not delivered by then is read again by the next owner).
+DRAIN_S = 5.0
+# Between two tries at reading where new partitions start, while Kafka does not answer.
+RESOLVE_RETRY_S = 1.0
 
 
 @dataclass(eq=False)
@@ -60,6 +69,7 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
         self.commit_every_s = commit_every_s
         self.offsets = InputOffsets()
         self.consumer: AIOKafkaConsumer | None = None
+        self._unresolved: set[TopicPartition] = set()  # assigned, paused, start not known
         self._seen: dict[TopicPartition, int] = {}
         self._committed_at = 0.0
         self._stopping = False
@@ -71,6 +81,8 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
         await consumer.start()
         try:
             while not self._stopping:
+                if self._unresolved:
+                    await self._resolve(consumer)
                 batches = await consumer.getmany(timeout_ms=int(self.within_s * 1000),
                                                  max_records=self.batch_messages)
                 messages = [message for part in batches.values() for message in part]
@@ -78,6 +90,7 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
                 if messages or moved:
                     yield Take(messages, self.offsets.fetched(moved))
                 await self.commit(force=False)
+            await self._drain()
         finally:
             await self.commit(force=True)
             self.consumer = None
@@ -88,19 +101,30 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
         self.offsets.delivered(take.offsets)
 
     async def stop(self, timeout_s: float) -> None:
-        """Stop after the fetch in progress; returns once what is safe is committed and the
-        group is left (or after ``timeout_s``)."""
+        """Stop after the fetch in progress; returns once the takes in flight are delivered
+        (up to ``DRAIN_S``), what is delivered is committed and the group is left, or after
+        ``timeout_s``."""
         self._stopping = True
         if self.consumer is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), timeout_s)
 
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + DRAIN_S
+        while self.offsets.pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
     async def _moved(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, int]:
         """Positions that moved since the last take: past messages, and past the markers
-        and aborted records the consumer skipped."""
+        and aborted records the consumer skipped (never of a partition not resolved yet)."""
         moved = {}
-        for tp in consumer.assignment():
-            position = await consumer.position(tp)
+        for tp in consumer.assignment() - self._unresolved:
+            try:
+                position = await consumer.position(tp)
+            except IllegalStateError:
+                continue  # revoked while its position was being reset
+            if tp in self._unresolved:
+                continue  # revoked and assigned again meanwhile
             if self._seen.get(tp) != position:
                 moved[tp] = self._seen[tp] = position
         return moved
@@ -111,7 +135,7 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
         if consumer is None or (not force and now - self._committed_at < self.commit_every_s):
             return
         self._committed_at = now
-        offsets = self.offsets.to_commit(frozenset(consumer.assignment()))
+        offsets = self.offsets.to_commit(frozenset(consumer.assignment() - self._unresolved))
         if not offsets:
             return
         try:
@@ -143,41 +167,50 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.commit(force=True)
         self.offsets.rebalanced()
         self._seen.clear()
+        self._unresolved.clear()
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        """Partitions this group never committed start where the Faust app's group did;
-        all wait (paused) until that is known, so none is fetched from the wrong place."""
-        consumer = self.consumer
-        assigned = list(assigned)
-        if consumer is None or not assigned:
-            return
-        consumer.pause(*assigned)
+        """New partitions wait, paused, until the loop has read where they start."""
+        assigned = set(assigned)
+        if self.consumer is not None and assigned:
+            self.consumer.pause(*assigned)
+            self._unresolved = assigned
+
+    async def _resolve(self, consumer: AIOKafkaConsumer) -> None:
+        """Seek the partitions this group never committed to where the Faust app's group
+        committed them, then let every new partition go. Kafka not answering, they stay
+        paused and the next round tries again."""
+        partitions = sorted(self._unresolved)
+        generation = self.offsets.generation
         try:
-            fresh = [tp for tp in assigned if await consumer.committed(tp) is None]
-            if fresh:
-                for tp, offset in (await self._earlier_offsets(fresh)).items():
-                    consumer.seek(tp, offset)
-        finally:
-            consumer.resume(*assigned)
+            committed = await asyncio.gather(*(consumer.committed(tp) for tp in partitions))
+            fresh = [tp for tp, offset in zip(partitions, committed, strict=True)
+                     if offset is None]
+            earlier = await self._earlier_offsets(fresh) if fresh else {}
+        except KafkaError as exc:
+            log.warning("reading where %d new input partitions start failed, trying again: "
+                        "%s", len(partitions), exc)
+            await asyncio.sleep(RESOLVE_RETRY_S)
+            return
+        if self.offsets.generation != generation:
+            return  # partitions moved meanwhile: the new ones are resolved next round
+        for tp, offset in earlier.items():
+            consumer.seek(tp, offset)
+        consumer.resume(*partitions)
+        self._unresolved.difference_update(partitions)
+        if earlier:
+            log.info("starting %d input partitions where %s committed them", len(earlier),
+                     self.earlier_group)
 
     async def _earlier_offsets(self, partitions: list[TopicPartition]
                                ) -> dict[TopicPartition, int]:
         """What the Faust app's group committed of these partitions (none on a new
         deployment)."""
         earlier = self.make_consumer(self.earlier_group)
-        found = {}
         try:
             await earlier.start()
-            for tp in partitions:
-                offset = await earlier.committed(tp)
-                if offset is not None:
-                    found[tp] = offset
-        except KafkaError as exc:
-            log.warning("reading the offsets %s committed failed: %s", self.earlier_group, exc)
+            offsets = await asyncio.gather(*(earlier.committed(tp) for tp in partitions))
         finally:
             await earlier.stop()
-        if found:
-            log.info("starting %d input partitions where %s committed them", len(found),
-                     self.earlier_group)
-        return found
-
+        return {tp: offset for tp, offset in zip(partitions, offsets, strict=True)
+                if offset is not None}

@@ -49,7 +49,7 @@ class Source(Protocol):
 
 
 class Intake:
-    """Delivers priced takes: dead letters and ledger records, then the acknowledgement."""
+    """Delivers priced takes: dead letters and ledger records, then tells the source."""
 
     def __init__(self, *, pricing: Pricing, send: Send, ledger_topic: str, dlq_topic: str,
                  metrics: Metrics, health: Health, depth: int) -> None:
