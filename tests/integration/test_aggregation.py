@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
+from bench.common import child_processes
 from costline.connectors.redis_client import connect
 from costline.streams.settings import Settings
 from costline.streams.topics import create_topics
@@ -276,7 +277,7 @@ def test_the_pricing_processes_end_with_their_worker(services, worker, namespace
     produce(services.bootstrap, f"{namespace}.usage.v1",
             _stream(seed=5, n=2000)[0])  # the children start with the first partitions
     deadline = time.time() + 60
-    while not (children := children_named(worker.proc.pid, "costline-pricer")):
+    while not (children := child_processes(worker.proc.pid, "costline-pricer")):
         assert time.time() < deadline, f"no pricing process; see {worker.log}"
         time.sleep(0.1)
     os.kill(worker.proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
@@ -285,18 +286,6 @@ def test_the_pricing_processes_end_with_their_worker(services, worker, namespace
     while alive := [c for c in children if Path(f"/proc/{c}").exists() and _state(c) != "Z"]:
         assert time.time() < deadline, f"pricing processes {alive} outlived their worker"
         time.sleep(0.1)
-
-
-def children_named(pid: int, name: str) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            try:
-                if Path(f"/proc/{child}/comm").read_text().strip() == name:
-                    found.append(int(child))
-            except OSError:
-                continue
-    return found
 
 
 def _state(pid: int) -> str:
@@ -435,7 +424,7 @@ def test_sigterm_to_the_process_group_stops_everything_without_an_error(
         services, worker, namespace):
     produce(services.bootstrap, f"{namespace}.usage.v1", _stream(seed=9, n=3000)[0])
     wait_caught_up(worker.env, worker)  # the pricing processes and the evaluation have run
-    children = children_named(worker.proc.pid, "costline-pricer") + children_named(
+    children = child_processes(worker.proc.pid, "costline-pricer") + child_processes(
         worker.proc.pid, "costline-rules")
     assert children, f"no child process; see {worker.log}"
     os.killpg(worker.proc.pid, signal.SIGTERM)
