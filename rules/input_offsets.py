@@ -16,7 +16,7 @@ come back, already committed further on).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass, field
 
 
@@ -53,7 +53,7 @@ class InputOffsets:
             if first.generation == self.generation:
                 self.safe.update(first.positions)
 
-    def to_commit(self, owned: set[Hashable] | frozenset[Hashable]) -> dict[Hashable, int]:
+    def to_commit(self, owned: Set[Hashable]) -> dict[Hashable, int]:
         """Safe positions of owned partitions that are past what was committed."""
         return {tp: offset for tp, offset in self.safe.items()
                 if tp in owned and offset > self.committed.get(tp, -1)}
