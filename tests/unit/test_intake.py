@@ -129,6 +129,11 @@ async def test_a_take_of_only_skipped_records_is_delivered_without_pricing_or_se
     kafka = Kafka()
     empty = Take([])
     source = Source([take(usage("a")), empty, take(usage("b"), first=1)], kafka)
-    await intake(kafka).run(source)
+    agent = intake(kafka)
+    priced: list[int] = []
+    submit = agent.pricing.submit
+    agent.pricing.submit = lambda values: (priced.append(len(values)), submit(values))[1]  # type: ignore[method-assign]
+    await agent.run(source)
     assert empty in source.delivered_takes
+    assert priced == [1, 1], "the empty take is not priced"
     assert len([v for t, _, _, v in kafka.has if t == "t.ledger.v1"]) == 2
