@@ -87,8 +87,9 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         kafka: str = typer.Option(
             "embedded", callback=_flavor("kafka"), metavar=_choices("kafka"),
-            help="embedded: Tansu, in memory, instant. apache: Apache Kafka 4.1 (KRaft, on "
-            "disk). none: no Kafka here.",
+            help="embedded: Tansu, in memory, instant; it gives consumers what a transaction "
+            "aborted (costline topics check). apache: Apache Kafka 4.1 (KRaft, on disk). none: "
+            "no Kafka here.",
         ),
         redis: str = typer.Option(
             "embedded", callback=_flavor("redis"), metavar=_choices("redis"),

@@ -1,8 +1,10 @@
-"""``costline topics create``: the five topics costline uses, idempotently."""
+"""``costline topics create``: the five topics costline uses, idempotently; ``costline topics
+check``: whether the broker keeps what exact counting relies on."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import typer
 from rich.console import Console
@@ -69,3 +71,52 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"created  {spec.name}  ({spec.partitions} partitions)")
             else:
                 typer.echo(f"exists   {spec.name}")
+
+    @group.command("check")
+    def check(
+        ctx: typer.Context,
+        timeout_s: float = typer.Option(30.0, "--timeout", min=5.0,
+                                        help="Seconds the probe may take."),
+        as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
+    ) -> None:
+        """Check that the broker keeps what exact counting relies on: log ends, reads of
+        committed records only, group offsets. Writes a known sequence of records to a topic
+        of its own and deletes it after. Exit status 1 when a check fails."""
+        from kafka.errors import KafkaError
+
+        from costline.connectors.broker_probe import probe_broker
+        from costline.connectors.kafka import broker_info
+        from costline.rules.broker_checks import failed, judge
+
+        settings = settings_of(ctx)
+        security = settings.kafka_security()
+        try:
+            api_versions(settings.kafka_bootstrap, timeout_s=5.0, security=security)
+            check_login(settings.kafka_bootstrap, security)
+            broker = broker_info(settings.kafka_bootstrap, security=security)
+            verdicts = judge(probe_broker(settings.kafka_bootstrap, settings.namespace,
+                                          security=security, timeout_s=timeout_s))
+        except (KafkaUnavailable, KafkaLoginFailed, TopicError, KafkaError) as exc:
+            _err.print(f"[bold red]costline topics check:[/] Kafka at "
+                       f"{settings.kafka_bootstrap}: {exc}")
+            raise typer.Exit(1) from exc
+        bad = failed(verdicts)
+        if as_json:
+            typer.echo(json.dumps({
+                "broker": {"bootstrap": broker.bootstrap, "implementation": broker.implementation,
+                           "protocol_version": broker.version},
+                "ok": not bad,
+                "checks": [asdict(v) for v in verdicts],
+            }, indent=2))
+        else:
+            typer.echo(broker.describe())
+            for v in verdicts:
+                mark = {True: "ok  ", False: "FAIL", None: "n/a "}[v.ok]
+                typer.echo(f"  {mark}  {v.name:<20} {v.saw}")
+                if v.ok is False:
+                    typer.echo(f"        {'':<20} {v.affects}: {v.otherwise}")
+            money = sum(v.affects == "money" for v in bad)
+            typer.echo(f"{len(verdicts)} checks: {sum(v.ok is True for v in verdicts)} ok, "
+                       f"{len(bad)} failed ({money} on money, {len(bad) - money} on progress)")
+        if bad:
+            raise typer.Exit(1)

@@ -1,0 +1,157 @@
+"""Producers on Apache Kafka's own Java client, the one Kafka Connect and Flink use: its own
+partitioner and batching, its codecs, its idempotence, and its transactions, with resends out
+of old batches keyed another way. Every event is counted once, and nothing aborted is."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from costline.streams.settings import Settings
+from costline.streams.topics import create_topics
+from tests.conftest import unavailable
+from tests.integration.streamkit import (
+    Worker,
+    end_offsets,
+    spend_json,
+    wait_caught_up,
+    worker_env,
+)
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+DAY = 1795824000  # 2026-11-28T00:00:00Z
+AT = "2026-11-28T12:00:00Z"
+PARTITIONS = 3
+# the client and the codecs it loads as batches need them
+CLASSPATH_JARS = ("kafka-clients-*.jar", "slf4j-api-*.jar", "lz4-java-*.jar",
+                  "snappy-java-*.jar", "zstd-jni-*.jar")
+
+
+def usage(event_id: str, team: str, hours: float = 1.0) -> dict[str, Any]:
+    return {"event_id": event_id, "kind": "usage", "ts": DAY + 3600, "resource_id": "node-1",
+            "resource_type": "gpu.h100", "unit": "gpu_hour", "quantity": hours,
+            "tags": {"team": team}}
+
+
+class JavaProducer:
+    """``LinesProducer`` (``tests/integration/java``) in a JVM of its own."""
+
+    def __init__(self, classpath: str, bootstrap: str, topic: str, **configs: str) -> None:
+        self.proc = subprocess.Popen(
+            ["java", "-Xmx128m", "-cp", classpath, "LinesProducer", bootstrap, topic,
+             *(f"{key.replace('_', '.')}={value}" for key, value in configs.items())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    @property
+    def stdin(self) -> IO[str]:
+        assert self.proc.stdin is not None
+        return self.proc.stdin
+
+    def send(self, key: str | None, value: Any) -> None:
+        self.stdin.write(f"{key or '-'}\t{json.dumps(value)}\n")
+
+    def do(self, command: str) -> None:
+        """BEGIN, COMMIT, ABORT or FLUSH, once the client has done it."""
+        self.stdin.write(command + "\n")
+        self.stdin.flush()
+        assert self.proc.stdout is not None
+        answer = self.proc.stdout.readline().strip()
+        assert answer == "ok", f"{command}: the Java producer said {answer!r}"
+
+    def close(self) -> None:
+        self.stdin.close()
+        assert self.proc.wait(60) == 0
+
+
+@pytest.fixture(scope="module")
+def classpath(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if shutil.which("javac") is None:
+        unavailable("a Java producer", "javac (a JDK) is not installed")
+    jars = [str(next(kafka_libs.glob(pattern))) for pattern in CLASSPATH_JARS]
+    classes = tmp_path_factory.mktemp("java")
+    subprocess.run(["javac", "-d", str(classes), "-cp", jars[0],
+                    str(HERE / "java" / "LinesProducer.java")], check=True, timeout=120)
+    return ":".join([str(classes), *jars])
+
+
+@pytest.fixture
+def env(services: Any, kafka_namespace: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=kafka_namespace,
+                           partitions=PARTITIONS))
+    env = worker_env(kafka_namespace, services.bootstrap, services.redis_url,
+                     COSTLINE_PARTITIONS=str(PARTITIONS),
+                     COSTLINE_STATE_DIR=str(tmp_path / "state"))
+    worker = Worker(env, tmp_path / "worker.log")
+    worker.start()
+    yield env
+    worker.stop()
+
+
+def usage_topic(env: dict[str, str]) -> str:
+    return f"{env['COSTLINE_NAMESPACE']}.usage.v1"
+
+
+def spend_by_team(env: dict[str, str]) -> dict[str, str]:
+    report = spend_json(env, "--by", "team", "--at", AT, "--period", "day")
+    return {row["group"]["team"]: row["cost"] for row in report["rows"]}
+
+
+def test_batches_resends_and_codecs_of_the_java_client_count_once(
+        classpath: str, services: Any, env: dict[str, str]) -> None:
+    batches = [[usage(f"java-{b}-{n}", "java", 0.5) for n in range(50)] for b in range(20)]
+    singles = [usage(f"single-{n}", "java", 0.5) for n in range(20)]
+    zstd = JavaProducer(classpath, services.bootstrap, usage_topic(env),
+                        compression_type="zstd", linger_ms="20")
+    for batch in batches:  # no key: the client's sticky partitioner spreads them
+        zstd.send(None, batch)
+    for n, event in enumerate(singles):
+        zstd.send(f"node-{n % 7}", event)  # keyed by host
+    zstd.do("FLUSH")
+    zstd.close()
+    # resends from another producer: single events out of old batches, keyed by job, and
+    # one whole old batch again, gzip this time
+    gzip = JavaProducer(classpath, services.bootstrap, usage_topic(env),
+                        compression_type="gzip", enable_idempotence="false", acks="1")
+    for b in range(0, 20, 2):
+        gzip.send(f"job-{b}", batches[b][b])
+    gzip.send(None, batches[7])
+    gzip.send("node-3", singles[3])
+    gzip.do("FLUSH")
+    gzip.close()
+    # the copies of an event are on other partitions than the event
+    assert sum(end > 0 for end in end_offsets(services.bootstrap, usage_topic(env)).values()) \
+        == PARTITIONS
+    wait_caught_up(env, timeout=120)
+    # 1,020 events of half a GPU-hour at 2.49
+    assert spend_by_team(env) == {"java": "1269.900000"}
+
+
+def test_the_java_client_s_aborted_transactions_are_not_counted(
+        classpath: str, services: Any, env: dict[str, str]) -> None:
+    tx = JavaProducer(classpath, services.bootstrap, usage_topic(env),
+                      transactional_id=f"{usage_topic(env)}-sink", compression_type="lz4")
+    kept = [[usage(f"kept-{b}-{n}", "kept") for n in range(10)] for b in range(10)]
+    tx.do("BEGIN")
+    for b, batch in enumerate(kept):
+        tx.send(f"job-{b}", batch)
+    tx.do("COMMIT")
+    tx.do("BEGIN")
+    for b in range(10):
+        tx.send(f"job-{b}", [usage(f"aborted-{b}-{n}", "aborted") for n in range(10)])
+    tx.do("FLUSH")
+    tx.do("ABORT")
+    tx.do("BEGIN")  # a sink's retry: some of what it committed again, and what came since
+    tx.send(None, kept[4])
+    tx.send("job-9", [usage(f"late-{n}", "late") for n in range(5)])
+    tx.do("COMMIT")
+    tx.close()
+    wait_caught_up(env, timeout=120)
+    assert spend_by_team(env) == {"kept": "249.000000", "late": "12.450000"}
