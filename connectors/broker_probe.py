@@ -84,15 +84,15 @@ def _probe(bootstrap: str, topic: str, security: KafkaSecurity, timeout_s: float
         batch_offsets = tuple(offset for offset, value in got if value in BATCHED)
         batch_end = uncommitted.end_offsets([tp])[tp]
         group_offset = _group_offset(bootstrap, topic, security)
+        tx = KafkaProducer(bootstrap_servers=bootstrap, client_id="costline-check",
+                           transactional_id=topic, max_block_ms=int(timeout_s * 1000),
+                           **security.client_kwargs())
         try:
-            tx = KafkaProducer(bootstrap_servers=bootstrap, client_id="costline-check",
-                               transactional_id=topic, max_block_ms=int(timeout_s * 1000),
-                               **security.client_kwargs())
-            tx.init_transactions()
-        except KafkaError as exc:
-            return Probe(batch_offsets, batch_end, f"{type(exc).__name__}: {exc}",
-                         group_offset=group_offset)
-        try:
+            try:
+                tx.init_transactions()
+            except KafkaError as exc:  # a broker without transactions
+                return Probe(batch_offsets, batch_end, f"{type(exc).__name__}: {exc}",
+                             group_offset=group_offset)
             tx.begin_transaction()
             tx.send(topic, ABORTED, partition=0)
             tx.flush()
