@@ -61,6 +61,7 @@ def read_dead_letters(bootstrap: str, topic: str, *, since: float | None = None,
 
     client = consumer(bootstrap, security=security, enable_auto_commit=False,
                       group_id=None, consumer_timeout_ms=int(timeout_s * 1000),
+                      fetch_max_wait_ms=100,  # an empty partition answers at once
                       request_timeout_ms=max(int(timeout_s * 1000) + 1000, 5000))
     try:
         partitions = [TopicPartition(topic, p)
@@ -68,14 +69,17 @@ def read_dead_letters(bootstrap: str, topic: str, *, since: float | None = None,
         if not partitions:
             return []
         client.assign(partitions)
-        ends = client.end_offsets(partitions)
         starts = client.beginning_offsets(partitions)
         if since is not None:
             found = client.offsets_for_times({tp: int(since * 1000) for tp in partitions})
+            ends = client.end_offsets(partitions)  # nothing as new: start at the end
             starts = {tp: (found[tp].offset if found.get(tp) else ends[tp]) for tp in partitions}
-        wanted = {tp for tp in partitions if starts[tp] < ends[tp]}
         for tp in partitions:
             client.seek(tp, starts[tp])
+        # Each partition is read to the end its first fetch reported: some brokers answer
+        # ListOffsets with less than the log holds (`costline topics check`, log_end).
+        targets: dict[Any, int] = {}
+        wanted = set(partitions)
         letters: dict[str, DeadLetter] = {}
         deadline = time.monotonic() + timeout_s
         while wanted and time.monotonic() < deadline:
@@ -83,9 +87,8 @@ def read_dead_letters(bootstrap: str, topic: str, *, since: float | None = None,
                 for message in messages:
                     _keep(letters, message.key, message.value, since)
             for tp in list(wanted):
-                # Read to the end the last fetch reported, if further: some brokers answer
-                # ListOffsets with less than the log holds (`costline topics check`, log_end).
-                if client.position(tp) >= max(ends[tp], client.highwater(tp) or 0):
+                high = client.highwater(tp)  # known once a fetch of it was answered
+                if high is not None and client.position(tp) >= targets.setdefault(tp, high):
                     wanted.discard(tp)
         if wanted:
             raise TimeoutError(f"the dead-letter topic {topic} was not read to its end in "

@@ -22,6 +22,8 @@ BATCH = 5
 BEFORE, ABORTED, AFTER_ABORT, OPEN, AFTER_OPEN = (
     b"before", b"aborted", b"after-abort", b"open", b"after-open")
 BATCHED = tuple(b"batch-%d" % n for n in range(BATCH))
+COMMITTED = (BEFORE, *BATCHED, AFTER_ABORT)
+"""What a read-committed consumer should give while the second transaction is open."""
 GROUP_OFFSET = 3
 """The offset the probe commits for its group, and expects to read back."""
 
@@ -36,8 +38,9 @@ class Probe:
     """The offsets a fetch gave the ``BATCH`` records sent as one batch."""
     batch_end: int
     """Where ListOffsets said the log ends, right after that batch."""
-    transactions: str | None
-    """Why a transactional producer could not start; None when it could."""
+    transactions: bool
+    """The broker offers the transaction APIs (InitProducerId, AddPartitionsToTxn, EndTxn);
+    without them no producer can write in transactions, and their checks do not apply."""
     committed_reads: tuple[bytes, ...] = ()
     """What a read-committed consumer got while the second transaction was open."""
     stable_end: int | None = None
@@ -45,7 +48,7 @@ class Probe:
     stable_position: int | None = None
     """Where that consumer stood after reading everything it was given."""
     after_commit: tuple[bytes, ...] = ()
-    """What the same consumer got after the open transaction committed."""
+    """What a read-committed consumer got, from the start, after it committed."""
     group_offset: int | None = None
     """The offset read back after committing ``GROUP_OFFSET`` for a group."""
 
@@ -61,7 +64,7 @@ class Verdict:
     """What a user loses where the check fails."""
 
 
-Judge = Callable[[Probe], tuple[bool | None, str]]
+Decide = Callable[[Probe], tuple[bool | None, str]]
 
 
 @dataclass(frozen=True)
@@ -69,23 +72,29 @@ class Check:
     name: str
     affects: Affects
     otherwise: str
-    judge: Judge
+    decide: Decide
+    transactional: bool
+    """Judges transactions: does not apply to a broker that runs none."""
 
 
 CHECKS: list[Check] = []
 
 
-def check(name: str, affects: Affects, otherwise: str) -> Callable[[Judge], Judge]:
-    """Register a check: its judge says ok (or None: does not apply) and what it saw."""
-    def register(judge: Judge) -> Judge:
-        CHECKS.append(Check(name, affects, otherwise, judge))
-        return judge
+def check(name: str, affects: Affects, otherwise: str, *, transactional: bool = False
+          ) -> Callable[[Decide], Decide]:
+    """Register a check: it decides ok (or None: does not apply) and says what it saw."""
+    def register(decide: Decide) -> Decide:
+        CHECKS.append(Check(name, affects, otherwise, decide, transactional))
+        return decide
     return register
 
 
-def judge(probe: Probe) -> list[Verdict]:
+def verdicts_of(probe: Probe) -> list[Verdict]:
     """Every check, in the order they are registered."""
-    return [Verdict(c.name, *c.judge(probe), c.affects, c.otherwise) for c in CHECKS]
+    return [Verdict(c.name, None, "the broker runs no transactions", c.affects, c.otherwise)
+            if c.transactional and not probe.transactions
+            else Verdict(c.name, *c.decide(probe), c.affects, c.otherwise)
+            for c in CHECKS]
 
 
 def failed(verdicts: list[Verdict]) -> list[Verdict]:
@@ -108,33 +117,29 @@ def _log_end(probe: Probe) -> tuple[bool | None, str]:
             f"{last}")
 
 
-@check("transactions", "money",
-       "nothing: producers cannot write in transactions here, so none can abort")
-def _transactions(probe: Probe) -> tuple[bool | None, str]:
-    if probe.transactions is None:
-        return True, "a transactional producer started, aborted and committed"
-    return None, f"no transactional producer: {probe.transactions}"
+@check("committed_given", "money",
+       "committed events are not counted, or not in the order they were written",
+       transactional=True)
+def _committed_given(probe: Probe) -> tuple[bool | None, str]:
+    given = tuple(v for v in probe.committed_reads if v != ABORTED)[:len(COMMITTED)]
+    if given != COMMITTED:
+        return False, (f"read committed gave {_shown(probe.committed_reads)}, not the "
+                       "committed records before the open transaction")
+    return True, "read committed gave every committed record before the open transaction"
 
 
 @check("aborted_hidden", "money",
-       "the events of a transaction its producer aborts are counted")
+       "the events of a transaction its producer aborts are counted", transactional=True)
 def _aborted_hidden(probe: Probe) -> tuple[bool | None, str]:
-    if probe.transactions is not None:
-        return None, "no transactions"
-    expected = (BEFORE, *BATCHED, AFTER_ABORT)
     if ABORTED in probe.committed_reads:
         return False, f"read committed gave the aborted record: {_shown(probe.committed_reads)}"
-    if probe.committed_reads[:len(expected)] != expected:
-        return False, f"read committed gave {_shown(probe.committed_reads)}"
     return True, "read committed skipped the aborted record"
 
 
 @check("open_held", "money",
        "the events of a transaction still open are counted before it commits, and stay "
-       "counted if it is aborted")
+       "counted if it is aborted", transactional=True)
 def _open_held(probe: Probe) -> tuple[bool | None, str]:
-    if probe.transactions is not None:
-        return None, "no transactions"
     early = [v for v in (OPEN, AFTER_OPEN) if v in probe.committed_reads]
     if early:
         return False, ("read committed gave, before the transaction committed: "
@@ -143,12 +148,9 @@ def _open_held(probe: Probe) -> tuple[bool | None, str]:
 
 
 @check("committed_delivered", "money",
-       "the events of a transaction are never counted once it commits")
+       "the events of a transaction are never counted once it commits", transactional=True)
 def _committed_delivered(probe: Probe) -> tuple[bool | None, str]:
-    if probe.transactions is not None:
-        return None, "no transactions"
-    missing = [v for v in (OPEN, AFTER_OPEN)
-               if v not in probe.after_commit and v not in probe.committed_reads]
+    missing = [v for v in (OPEN, AFTER_OPEN) if v not in probe.after_commit]
     if missing:
         return False, "after the commit, read committed never gave: " + _shown(tuple(missing))
     return True, "after the commit, read committed gave the transaction and what followed it"
@@ -156,10 +158,8 @@ def _committed_delivered(probe: Probe) -> tuple[bool | None, str]:
 
 @check("stable_end", "progress",
        "while a producer's transaction is open, lag and waits for everything to be counted "
-       "read wrong; counting is not affected")
+       "read wrong; counting is not affected", transactional=True)
 def _stable_end(probe: Probe) -> tuple[bool | None, str]:
-    if probe.transactions is not None:
-        return None, "no transactions"
     return (probe.stable_end is not None and probe.stable_end == probe.stable_position,
             f"ListOffsets (read committed) ends the committed log at {probe.stable_end}; "
             f"read committed stopped at {probe.stable_position}")

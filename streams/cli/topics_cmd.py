@@ -76,17 +76,18 @@ def register(app: typer.Typer) -> None:
     def check(
         ctx: typer.Context,
         timeout_s: float = typer.Option(30.0, "--timeout", min=5.0,
-                                        help="Seconds the probe may take."),
+                                        help="Seconds each step of the probe may wait."),
         as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
     ) -> None:
         """Check that the broker keeps what exact counting relies on: log ends, reads of
         committed records only, group offsets. Writes a known sequence of records to a topic
-        of its own and deletes it after. Exit status 1 when a check fails."""
+        of its own and deletes it after. Exit status 1 when a check fails, 2 when the broker
+        could not be checked."""
         from kafka.errors import KafkaError
 
-        from costline.connectors.broker_probe import probe_broker
+        from costline.connectors.broker_probe import ProbeIncomplete, probe_broker
         from costline.connectors.kafka import broker_info
-        from costline.rules.broker_checks import failed, judge
+        from costline.rules.broker_checks import failed, verdicts_of
 
         settings = settings_of(ctx)
         security = settings.kafka_security()
@@ -94,12 +95,13 @@ def register(app: typer.Typer) -> None:
             api_versions(settings.kafka_bootstrap, timeout_s=5.0, security=security)
             check_login(settings.kafka_bootstrap, security)
             broker = broker_info(settings.kafka_bootstrap, security=security)
-            verdicts = judge(probe_broker(settings.kafka_bootstrap, settings.namespace,
-                                          security=security, timeout_s=timeout_s))
-        except (KafkaUnavailable, KafkaLoginFailed, TopicError, KafkaError) as exc:
-            _err.print(f"[bold red]costline topics check:[/] Kafka at "
-                       f"{settings.kafka_bootstrap}: {exc}")
-            raise typer.Exit(1) from exc
+            verdicts = verdicts_of(probe_broker(settings.kafka_bootstrap, settings.namespace,
+                                                security=security, timeout_s=timeout_s))
+        except (KafkaUnavailable, KafkaLoginFailed, TopicError, KafkaError,
+                ProbeIncomplete) as exc:
+            _err.print(f"[bold red]costline topics check:[/] the broker at "
+                       f"{settings.kafka_bootstrap} could not be checked: {exc}")
+            raise typer.Exit(2) from exc
         bad = failed(verdicts)
         if as_json:
             typer.echo(json.dumps({

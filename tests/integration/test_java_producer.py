@@ -5,8 +5,10 @@ of old batches keyed another way. Every event is counted once, and nothing abort
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -42,13 +44,25 @@ def usage(event_id: str, team: str, hours: float = 1.0) -> dict[str, Any]:
 
 
 class JavaProducer:
-    """``LinesProducer`` (``tests/integration/java``) in a JVM of its own."""
+    """``LinesProducer`` (``tests/integration/java``) in a JVM of its own. Its answers are
+    read by a thread, so a JVM that hangs fails the test instead of holding it."""
+
+    ANSWER = "LinesProducer: "
 
     def __init__(self, classpath: str, bootstrap: str, topic: str, **configs: str) -> None:
         self.proc = subprocess.Popen(
-            ["java", "-Xmx128m", "-cp", classpath, "LinesProducer", bootstrap, topic,
+            ["java", "-Xmx128m", "-XX:+DisplayVMOutputToStderr", "-cp", classpath,
+             "LinesProducer", bootstrap, topic,
              *(f"{key.replace('_', '.')}={value}" for key, value in configs.items())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.answers: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._answers, daemon=True).start()
+
+    def _answers(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(self.ANSWER):
+                self.answers.put(line[len(self.ANSWER):].strip())
 
     @property
     def stdin(self) -> IO[str]:
@@ -59,16 +73,32 @@ class JavaProducer:
         self.stdin.write(f"{key or '-'}\t{json.dumps(value)}\n")
 
     def do(self, command: str) -> None:
-        """BEGIN, COMMIT, ABORT or FLUSH, once the client has done it."""
+        """BEGIN, COMMIT, ABORT or FLUSH, once the client has done it without error."""
         self.stdin.write(command + "\n")
         self.stdin.flush()
-        assert self.proc.stdout is not None
-        answer = self.proc.stdout.readline().strip()
+        try:
+            answer = self.answers.get(timeout=60)
+        except queue.Empty:
+            raise AssertionError(f"{command}: the Java producer did not answer") from None
         assert answer == "ok", f"{command}: the Java producer said {answer!r}"
 
     def close(self) -> None:
         self.stdin.close()
         assert self.proc.wait(60) == 0
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def java_producers() -> Iterator[list[JavaProducer]]:
+    """JVMs the test starts; killed at the end if the test left any running."""
+    started: list[JavaProducer] = []
+    yield started
+    for producer in started:
+        producer.kill()
 
 
 @pytest.fixture(scope="module")
@@ -105,11 +135,13 @@ def spend_by_team(env: dict[str, str]) -> dict[str, str]:
 
 
 def test_batches_resends_and_codecs_of_the_java_client_count_once(
-        classpath: str, services: Any, env: dict[str, str]) -> None:
+        classpath: str, services: Any, env: dict[str, str],
+        java_producers: list[JavaProducer]) -> None:
     batches = [[usage(f"java-{b}-{n}", "java", 0.5) for n in range(50)] for b in range(20)]
     singles = [usage(f"single-{n}", "java", 0.5) for n in range(20)]
     zstd = JavaProducer(classpath, services.bootstrap, usage_topic(env),
                         compression_type="zstd", linger_ms="20")
+    java_producers.append(zstd)
     for batch in batches:  # no key: the client's sticky partitioner spreads them
         zstd.send(None, batch)
     for n, event in enumerate(singles):
@@ -120,13 +152,15 @@ def test_batches_resends_and_codecs_of_the_java_client_count_once(
     # one whole old batch again, gzip this time
     gzip = JavaProducer(classpath, services.bootstrap, usage_topic(env),
                         compression_type="gzip", enable_idempotence="false", acks="1")
+    java_producers.append(gzip)
     for b in range(0, 20, 2):
         gzip.send(f"job-{b}", batches[b][b])
     gzip.send(None, batches[7])
     gzip.send("node-3", singles[3])
     gzip.do("FLUSH")
     gzip.close()
-    # the copies of an event are on other partitions than the event
+    # the producers' partitioning spread them over every partition, so a resend may meet its
+    # first copy on another one
     assert sum(end > 0 for end in end_offsets(services.bootstrap, usage_topic(env)).values()) \
         == PARTITIONS
     wait_caught_up(env, timeout=120)
@@ -135,9 +169,11 @@ def test_batches_resends_and_codecs_of_the_java_client_count_once(
 
 
 def test_the_java_client_s_aborted_transactions_are_not_counted(
-        classpath: str, services: Any, env: dict[str, str]) -> None:
-    tx = JavaProducer(classpath, services.bootstrap, usage_topic(env),
+        classpath: str, apache_kafka: str, env: dict[str, str],
+        java_producers: list[JavaProducer]) -> None:
+    tx = JavaProducer(classpath, apache_kafka, usage_topic(env),
                       transactional_id=f"{usage_topic(env)}-sink", compression_type="lz4")
+    java_producers.append(tx)
     kept = [[usage(f"kept-{b}-{n}", "kept") for n in range(10)] for b in range(10)]
     tx.do("BEGIN")
     for b, batch in enumerate(kept):

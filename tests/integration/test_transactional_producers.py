@@ -27,7 +27,7 @@ from tests.integration.streamkit import (
     worker_env,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("apache_kafka")]
 
 DAY = 1795824000  # 2026-11-28T00:00:00Z
 AT = "2026-11-28T12:00:00Z"

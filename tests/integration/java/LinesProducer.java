@@ -7,11 +7,13 @@
 //   KEY<TAB>VALUE   send VALUE, keyed by KEY ("-" for no key: the client's own partitioner)
 //   BEGIN | COMMIT | ABORT   a transaction (needs transactional.id among the configs)
 //   FLUSH           wait until everything sent so far is acknowledged
-// It prints "ok" after each line that is done, so a caller can go in step with it.
+// After each command it prints "LinesProducer: ok", or "LinesProducer: error <why>" when a
+// send since the last answer failed, so a caller can go in step with it.
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.util.Properties;
+import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.serialization.StringSerializer;
@@ -28,6 +30,7 @@ public class LinesProducer {
         }
         String topic = args[1];
         boolean transactional = props.containsKey("transactional.id");
+        AtomicReference<Exception> failed = new AtomicReference<>();
         BufferedReader in = new BufferedReader(
                 new InputStreamReader(System.in, StandardCharsets.UTF_8));
         try (KafkaProducer<String, String> producer = new KafkaProducer<>(props)) {
@@ -44,11 +47,17 @@ public class LinesProducer {
                     default -> {
                         String[] kv = line.split("\t", 2);
                         String key = kv[0].equals("-") ? null : kv[0];
-                        producer.send(new ProducerRecord<>(topic, key, kv[1]));
+                        producer.send(new ProducerRecord<>(topic, key, kv[1]), (meta, error) -> {
+                            if (error != null) {
+                                failed.compareAndSet(null, error);
+                            }
+                        });
                         continue;  // sends are many: no answer for each
                     }
                 }
-                System.out.println("ok");
+                Exception error = failed.getAndSet(null);
+                System.out.println(error == null ? "LinesProducer: ok"
+                        : "LinesProducer: error " + error);
                 System.out.flush();
             }
         }
