@@ -1,6 +1,8 @@
-"""Producers on Apache Kafka's own Java client, the one Kafka Connect and Flink use: its own
-partitioner and batching, its codecs, its idempotence, and its transactions, with resends out
-of old batches keyed another way. Every event is counted once, and nothing aborted is."""
+"""Producers on clients costline did not write: Apache Kafka's own Java client (the one Kafka
+Connect and Flink use) and librdkafka (confluent-kafka; the Go, .NET and Rust clients wrap
+it). Each with its own partitioner and batching, its codecs, its idempotence and its
+transactions, with resends out of old batches keyed another way: every event is counted
+once, and nothing aborted is."""
 
 from __future__ import annotations
 
@@ -189,5 +191,87 @@ def test_the_java_client_s_aborted_transactions_are_not_counted(
     tx.send("job-9", [usage(f"late-{n}", "late") for n in range(5)])
     tx.do("COMMIT")
     tx.close()
+    wait_caught_up(env, timeout=120)
+    assert spend_by_team(env) == {"kept": "249.000000", "late": "12.450000"}
+
+
+# -- librdkafka ---------------------------------------------------------------------------
+
+
+class Delivered:
+    """confluent-kafka's delivery reports: every message acknowledged, or why not."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def __call__(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self.errors.append(str(error))
+
+
+def librdkafka(bootstrap: str, **config: Any) -> Any:
+    try:
+        import confluent_kafka
+    except ImportError:
+        unavailable("librdkafka's client", "confluent-kafka is not installed (the dev extra)")
+    return confluent_kafka.Producer({"bootstrap.servers": bootstrap,
+                                     **{key.replace("_", "."): value
+                                        for key, value in config.items()}})
+
+
+def flushed(producer: Any, delivered: Delivered) -> None:
+    assert producer.flush(30) == 0, "messages left unsent"
+    assert delivered.errors == []
+
+
+def test_batches_resends_and_codecs_of_librdkafka_count_once(
+        services: Any, env: dict[str, str]) -> None:
+    topic, delivered = usage_topic(env), Delivered()
+    batches = [[usage(f"rd-{b}-{n}", "rdkafka", 0.5) for n in range(50)] for b in range(20)]
+    singles = [usage(f"rd-single-{n}", "rdkafka", 0.5) for n in range(20)]
+    # its default partitioner (consistent_random: CRC32 of the key, a random partition
+    # without one), not the Java client's murmur2
+    lz4 = librdkafka(services.bootstrap, compression_type="lz4", linger_ms=20,
+                     enable_idempotence=True)
+    for batch in batches:
+        lz4.produce(topic, json.dumps(batch).encode(), on_delivery=delivered)
+    for n, event in enumerate(singles):
+        lz4.produce(topic, json.dumps(event).encode(), key=f"node-{n % 7}",
+                    on_delivery=delivered)
+    flushed(lz4, delivered)
+    snappy = librdkafka(services.bootstrap, compression_type="snappy", acks=1)
+    for b in range(0, 20, 2):
+        snappy.produce(topic, json.dumps(batches[b][b]).encode(), key=f"job-{b}",
+                       on_delivery=delivered)
+    snappy.produce(topic, json.dumps(batches[7]).encode(), on_delivery=delivered)
+    snappy.produce(topic, json.dumps(singles[3]).encode(), key="node-3", on_delivery=delivered)
+    flushed(snappy, delivered)
+    assert sum(end > 0 for end in end_offsets(services.bootstrap, topic).values()) == PARTITIONS
+    wait_caught_up(env, timeout=120)
+    assert spend_by_team(env) == {"rdkafka": "1269.900000"}
+
+
+def test_librdkafka_s_aborted_transactions_are_not_counted(
+        apache_kafka: str, env: dict[str, str]) -> None:
+    topic, delivered = usage_topic(env), Delivered()
+    tx = librdkafka(apache_kafka, transactional_id=f"{topic}-rd", compression_type="zstd")
+    tx.init_transactions(30)
+    kept = [[usage(f"rd-kept-{b}-{n}", "kept") for n in range(10)] for b in range(10)]
+    tx.begin_transaction()
+    for b, batch in enumerate(kept):
+        tx.produce(topic, json.dumps(batch).encode(), key=f"job-{b}", on_delivery=delivered)
+    tx.commit_transaction(30)
+    tx.begin_transaction()
+    for b in range(10):
+        tx.produce(topic, json.dumps([usage(f"rd-aborted-{b}-{n}", "aborted")
+                                      for n in range(10)]).encode(), key=f"job-{b}")
+    tx.flush(30)
+    tx.abort_transaction(30)
+    tx.begin_transaction()
+    tx.produce(topic, json.dumps(kept[4]).encode(), on_delivery=delivered)
+    tx.produce(topic, json.dumps([usage(f"rd-late-{n}", "late") for n in range(5)]).encode(),
+               key="job-9", on_delivery=delivered)
+    tx.commit_transaction(30)
+    flushed(tx, delivered)
     wait_caught_up(env, timeout=120)
     assert spend_by_team(env) == {"kept": "249.000000", "late": "12.450000"}
