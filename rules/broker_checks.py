@@ -64,7 +64,7 @@ class Verdict:
     """What a user loses where the check fails."""
 
 
-Decide = Callable[[Probe], tuple[bool | None, str]]
+Decide = Callable[[Probe], tuple[bool, str]]
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ CHECKS: list[Check] = []
 
 def check(name: str, affects: Affects, otherwise: str, *, transactional: bool = False
           ) -> Callable[[Decide], Decide]:
-    """Register a check: it decides ok (or None: does not apply) and says what it saw."""
+    """Register a check: it decides ok or not, and says what it saw."""
     def register(decide: Decide) -> Decide:
         CHECKS.append(Check(name, affects, otherwise, decide, transactional))
         return decide
@@ -108,7 +108,7 @@ def _shown(values: tuple[bytes, ...]) -> str:
 @check("log_end", "progress",
        "lag, and waiting for everything to be counted (as `costline demo` does), read the "
        "input as shorter than it is; counting is not affected")
-def _log_end(probe: Probe) -> tuple[bool | None, str]:
+def _log_end(probe: Probe) -> tuple[bool, str]:
     if len(probe.batch_offsets) != BATCH:
         return False, f"a fetch gave {len(probe.batch_offsets)} of the {BATCH} records sent"
     last = probe.batch_offsets[-1]
@@ -120,7 +120,7 @@ def _log_end(probe: Probe) -> tuple[bool | None, str]:
 @check("committed_given", "money",
        "committed events are not counted, or not in the order they were written",
        transactional=True)
-def _committed_given(probe: Probe) -> tuple[bool | None, str]:
+def _committed_given(probe: Probe) -> tuple[bool, str]:
     given = tuple(v for v in probe.committed_reads if v != ABORTED)[:len(COMMITTED)]
     if given != COMMITTED:
         return False, (f"read committed gave {_shown(probe.committed_reads)}, not the "
@@ -130,7 +130,7 @@ def _committed_given(probe: Probe) -> tuple[bool | None, str]:
 
 @check("aborted_hidden", "money",
        "the events of a transaction its producer aborts are counted", transactional=True)
-def _aborted_hidden(probe: Probe) -> tuple[bool | None, str]:
+def _aborted_hidden(probe: Probe) -> tuple[bool, str]:
     if ABORTED in probe.committed_reads:
         return False, f"read committed gave the aborted record: {_shown(probe.committed_reads)}"
     return True, "read committed skipped the aborted record"
@@ -139,7 +139,7 @@ def _aborted_hidden(probe: Probe) -> tuple[bool | None, str]:
 @check("open_held", "money",
        "the events of a transaction still open are counted before it commits, and stay "
        "counted if it is aborted", transactional=True)
-def _open_held(probe: Probe) -> tuple[bool | None, str]:
+def _open_held(probe: Probe) -> tuple[bool, str]:
     early = [v for v in (OPEN, AFTER_OPEN) if v in probe.committed_reads]
     if early:
         return False, ("read committed gave, before the transaction committed: "
@@ -149,7 +149,7 @@ def _open_held(probe: Probe) -> tuple[bool | None, str]:
 
 @check("committed_delivered", "money",
        "the events of a transaction are never counted once it commits", transactional=True)
-def _committed_delivered(probe: Probe) -> tuple[bool | None, str]:
+def _committed_delivered(probe: Probe) -> tuple[bool, str]:
     missing = [v for v in (OPEN, AFTER_OPEN) if v not in probe.after_commit]
     if missing:
         return False, "after the commit, read committed never gave: " + _shown(tuple(missing))
@@ -159,7 +159,7 @@ def _committed_delivered(probe: Probe) -> tuple[bool | None, str]:
 @check("stable_end", "progress",
        "while a producer's transaction is open, lag and waits for everything to be counted "
        "read wrong; counting is not affected", transactional=True)
-def _stable_end(probe: Probe) -> tuple[bool | None, str]:
+def _stable_end(probe: Probe) -> tuple[bool, str]:
     return (probe.stable_end is not None and probe.stable_end == probe.stable_position,
             f"ListOffsets (read committed) ends the committed log at {probe.stable_end}; "
             f"read committed stopped at {probe.stable_position}")
@@ -168,6 +168,6 @@ def _stable_end(probe: Probe) -> tuple[bool | None, str]:
 @check("group_offsets", "money",
        "a restarted worker reads its input again from the start, and events older than the "
        "dedup horizon are counted again")
-def _group_offsets(probe: Probe) -> tuple[bool | None, str]:
+def _group_offsets(probe: Probe) -> tuple[bool, str]:
     return (probe.group_offset == GROUP_OFFSET,
             f"committed {GROUP_OFFSET} for a group, read back {probe.group_offset}")
