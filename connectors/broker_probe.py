@@ -21,8 +21,14 @@ import secrets
 import time
 from typing import Any
 
-from costline.connectors.kafka import TopicSpec, admin, api_versions, consumer, ensure_topics
-from costline.connectors.kafka import producer as plain_producer
+from costline.connectors.kafka import (
+    TopicSpec,
+    admin,
+    api_versions,
+    consumer,
+    ensure_topics,
+    producer,
+)
 from costline.connectors.kafka_security import PLAINTEXT, KafkaSecurity
 from costline.rules.broker_checks import (
     ABORTED,
@@ -79,10 +85,8 @@ class _Steps:
         self.timeout_s = timeout_s
 
     def run(self, transactions: bool) -> Probe:
-        from kafka import KafkaProducer
-
         # a linger long enough that the batch's records go in one request
-        plain = plain_producer(self.bootstrap, client_id="costline-check", linger_ms=200,
+        plain = producer(self.bootstrap, client_id="costline-check", linger_ms=200,
                                timeout_s=self.timeout_s, security=self.security)
         try:
             self.sent(plain, [BEFORE])
@@ -93,11 +97,9 @@ class _Steps:
             if not transactions:
                 return Probe(batch_offsets, batch_end, transactions=False,
                              group_offset=group_offset)
-            tx = KafkaProducer(bootstrap_servers=self.bootstrap, client_id="costline-check",
-                               transactional_id=self.topic,
-                               max_block_ms=int(self.timeout_s * 1000),
-                               request_timeout_ms=int(self.timeout_s * 1000),
-                               **self.security.client_kwargs())
+            tx = producer(self.bootstrap, client_id="costline-check",
+                                timeout_s=self.timeout_s, security=self.security,
+                                transactional_id=self.topic)
             try:
                 tx.init_transactions()
                 tx.begin_transaction()
@@ -121,13 +123,14 @@ class _Steps:
                      after_commit=tuple(value for _, value in after),
                      group_offset=group_offset)
 
-    def sent(self, producer: Any, values: list[bytes]) -> None:
-        """Send ``values`` together and wait until each is acknowledged."""
+    def sent(self, to: Any, values: list[bytes]) -> None:
+        """Send ``values`` together with producer ``to`` and wait until each is
+        acknowledged."""
         from kafka.errors import KafkaError
 
-        futures = [producer.send(self.topic, value, partition=0) for value in values]
+        futures = [to.send(self.topic, value, partition=0) for value in values]
         try:
-            producer.flush(timeout=self.timeout_s)
+            to.flush(timeout=self.timeout_s)
             for future in futures:
                 future.get(timeout=self.timeout_s)
         except KafkaError as exc:

@@ -294,13 +294,15 @@ def producer(
     batch_bytes: int = 512 * 1024,
     timeout_s: float = 30.0,
     security: KafkaSecurity = PLAINTEXT,
+    transactional_id: str | None = None,
 ) -> Any:
     """A durable, idempotent producer tuned for throughput.
 
     ``acks="all"`` with idempotence means a retried send is never written twice; a short
     linger lets many events share one compressed record batch. Topics are never created
     implicitly: a broker's auto-created topic would have its default size, not costline's.
-    ``timeout_s`` bounds how long connecting or a full buffer may block a send.
+    ``timeout_s`` bounds how long connecting, a full buffer or a broker's answer may block a
+    call. With ``transactional_id`` it writes in transactions (``init_transactions`` first).
     """
     from kafka import KafkaProducer
 
@@ -317,6 +319,8 @@ def producer(
         allow_auto_create_topics=False,
         bootstrap_timeout_ms=millis,
         max_block_ms=millis,
+        **({"transactional_id": transactional_id, "request_timeout_ms": millis}
+           if transactional_id else {}),
         **security.client_kwargs(),
     )
 

@@ -92,8 +92,7 @@ def register(app: typer.Typer) -> None:
         settings = settings_of(ctx)
         security = settings.kafka_security()
         try:
-            api_versions(settings.kafka_bootstrap, timeout_s=5.0, security=security)
-            check_login(settings.kafka_bootstrap, security)
+            check_login(settings.kafka_bootstrap, security)  # a refused password, at once
             broker = broker_info(settings.kafka_bootstrap, security=security)
             verdicts = verdicts_of(probe_broker(settings.kafka_bootstrap, settings.namespace,
                                                 security=security, timeout_s=timeout_s))

@@ -17,32 +17,21 @@ from typing import IO, Any
 
 import pytest
 
-from costline.streams.settings import Settings
-from costline.streams.topics import create_topics
 from tests.conftest import unavailable
 from tests.integration.streamkit import (
     Worker,
     end_offsets,
-    spend_json,
     wait_caught_up,
-    worker_env,
 )
+from tests.integration.team_spend import gpu_hours, pipeline_env, spend_by_team
 
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).resolve().parent
-DAY = 1795824000  # 2026-11-28T00:00:00Z
-AT = "2026-11-28T12:00:00Z"
 PARTITIONS = 3
 # the client and the codecs it loads as batches need them
 CLASSPATH_JARS = ("kafka-clients-*.jar", "slf4j-api-*.jar", "lz4-java-*.jar",
                   "snappy-java-*.jar", "zstd-jni-*.jar")
-
-
-def usage(event_id: str, team: str, hours: float = 1.0) -> dict[str, Any]:
-    return {"event_id": event_id, "kind": "usage", "ts": DAY + 3600, "resource_id": "node-1",
-            "resource_type": "gpu.h100", "unit": "gpu_hour", "quantity": hours,
-            "tags": {"team": team}}
 
 
 class JavaProducer:
@@ -116,11 +105,7 @@ def classpath(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> str
 
 @pytest.fixture
 def env(services: Any, kafka_namespace: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=kafka_namespace,
-                           partitions=PARTITIONS))
-    env = worker_env(kafka_namespace, services.bootstrap, services.redis_url,
-                     COSTLINE_PARTITIONS=str(PARTITIONS),
-                     COSTLINE_STATE_DIR=str(tmp_path / "state"))
+    env = pipeline_env(services, kafka_namespace, PARTITIONS, tmp_path / "state")
     worker = Worker(env, tmp_path / "worker.log")
     worker.start()
     yield env
@@ -131,16 +116,11 @@ def usage_topic(env: dict[str, str]) -> str:
     return f"{env['COSTLINE_NAMESPACE']}.usage.v1"
 
 
-def spend_by_team(env: dict[str, str]) -> dict[str, str]:
-    report = spend_json(env, "--by", "team", "--at", AT, "--period", "day")
-    return {row["group"]["team"]: row["cost"] for row in report["rows"]}
-
-
 def test_batches_resends_and_codecs_of_the_java_client_count_once(
         classpath: str, services: Any, env: dict[str, str],
         java_producers: list[JavaProducer]) -> None:
-    batches = [[usage(f"java-{b}-{n}", "java", 0.5) for n in range(50)] for b in range(20)]
-    singles = [usage(f"single-{n}", "java", 0.5) for n in range(20)]
+    batches = [[gpu_hours(f"java-{b}-{n}", "java", 0.5) for n in range(50)] for b in range(20)]
+    singles = [gpu_hours(f"single-{n}", "java", 0.5) for n in range(20)]
     zstd = JavaProducer(classpath, services.bootstrap, usage_topic(env),
                         compression_type="zstd", linger_ms="20")
     java_producers.append(zstd)
@@ -176,19 +156,19 @@ def test_the_java_client_s_aborted_transactions_are_not_counted(
     tx = JavaProducer(classpath, apache_kafka, usage_topic(env),
                       transactional_id=f"{usage_topic(env)}-sink", compression_type="lz4")
     java_producers.append(tx)
-    kept = [[usage(f"kept-{b}-{n}", "kept") for n in range(10)] for b in range(10)]
+    kept = [[gpu_hours(f"kept-{b}-{n}", "kept") for n in range(10)] for b in range(10)]
     tx.do("BEGIN")
     for b, batch in enumerate(kept):
         tx.send(f"job-{b}", batch)
     tx.do("COMMIT")
     tx.do("BEGIN")
     for b in range(10):
-        tx.send(f"job-{b}", [usage(f"aborted-{b}-{n}", "aborted") for n in range(10)])
+        tx.send(f"job-{b}", [gpu_hours(f"aborted-{b}-{n}", "aborted") for n in range(10)])
     tx.do("FLUSH")
     tx.do("ABORT")
     tx.do("BEGIN")  # a sink's retry: some of what it committed again, and what came since
     tx.send(None, kept[4])
-    tx.send("job-9", [usage(f"late-{n}", "late") for n in range(5)])
+    tx.send("job-9", [gpu_hours(f"late-{n}", "late") for n in range(5)])
     tx.do("COMMIT")
     tx.close()
     wait_caught_up(env, timeout=120)
@@ -227,8 +207,8 @@ def flushed(producer: Any, delivered: Delivered) -> None:
 def test_batches_resends_and_codecs_of_librdkafka_count_once(
         services: Any, env: dict[str, str]) -> None:
     topic, delivered = usage_topic(env), Delivered()
-    batches = [[usage(f"rd-{b}-{n}", "rdkafka", 0.5) for n in range(50)] for b in range(20)]
-    singles = [usage(f"rd-single-{n}", "rdkafka", 0.5) for n in range(20)]
+    batches = [[gpu_hours(f"rd-{b}-{n}", "rdkafka", 0.5) for n in range(50)] for b in range(20)]
+    singles = [gpu_hours(f"rd-single-{n}", "rdkafka", 0.5) for n in range(20)]
     # its default partitioner (consistent_random: CRC32 of the key, a random partition
     # without one), not the Java client's murmur2
     lz4 = librdkafka(services.bootstrap, compression_type="lz4", linger_ms=20,
@@ -256,20 +236,20 @@ def test_librdkafka_s_aborted_transactions_are_not_counted(
     topic, delivered = usage_topic(env), Delivered()
     tx = librdkafka(apache_kafka, transactional_id=f"{topic}-rd", compression_type="zstd")
     tx.init_transactions(30)
-    kept = [[usage(f"rd-kept-{b}-{n}", "kept") for n in range(10)] for b in range(10)]
+    kept = [[gpu_hours(f"rd-kept-{b}-{n}", "kept") for n in range(10)] for b in range(10)]
     tx.begin_transaction()
     for b, batch in enumerate(kept):
         tx.produce(topic, json.dumps(batch).encode(), key=f"job-{b}", on_delivery=delivered)
     tx.commit_transaction(30)
     tx.begin_transaction()
-    for b in range(10):
-        tx.produce(topic, json.dumps([usage(f"rd-aborted-{b}-{n}", "aborted")
+    for b in range(10):  # no delivery report: librdkafka reports aborted messages as purged
+        tx.produce(topic, json.dumps([gpu_hours(f"rd-aborted-{b}-{n}", "aborted")
                                       for n in range(10)]).encode(), key=f"job-{b}")
     tx.flush(30)
     tx.abort_transaction(30)
     tx.begin_transaction()
     tx.produce(topic, json.dumps(kept[4]).encode(), on_delivery=delivered)
-    tx.produce(topic, json.dumps([usage(f"rd-late-{n}", "late") for n in range(5)]).encode(),
+    tx.produce(topic, json.dumps([gpu_hours(f"rd-late-{n}", "late") for n in range(5)]).encode(),
                key="job-9", on_delivery=delivered)
     tx.commit_transaction(30)
     flushed(tx, delivered)

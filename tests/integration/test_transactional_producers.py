@@ -16,43 +16,26 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from costline.streams.settings import Settings
-from costline.streams.topics import create_topics
 from tests.integration.streamkit import (
     Worker,
     produce,
     settings_of,
-    spend_json,
     wait_caught_up,
-    worker_env,
 )
+from tests.integration.team_spend import gpu_hours, pipeline_env, spend_by_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("apache_kafka")]
 
-DAY = 1795824000  # 2026-11-28T00:00:00Z
-AT = "2026-11-28T12:00:00Z"
 PARTITIONS = 2
 
 
 def usage(event_id: str, team: str, hours: float = 1.0) -> bytes:
-    return json.dumps({"event_id": event_id, "kind": "usage", "ts": DAY + 3600,
-                       "resource_id": "node-1", "resource_type": "gpu.h100",
-                       "unit": "gpu_hour", "quantity": hours,
-                       "tags": {"team": team}}).encode()
-
-
-def spend_by_team(env: dict[str, str]) -> dict[str, str]:
-    report = spend_json(env, "--by", "team", "--at", AT, "--period", "day")
-    return {row["group"]["team"]: row["cost"] for row in report["rows"]}
+    return json.dumps(gpu_hours(event_id, team, hours)).encode()
 
 
 @pytest.fixture
 def env(services: Any, kafka_namespace: str, tmp_path: Path) -> dict[str, str]:
-    create_topics(Settings(kafka_bootstrap=services.bootstrap, namespace=kafka_namespace,
-                           partitions=PARTITIONS))
-    return worker_env(kafka_namespace, services.bootstrap, services.redis_url,
-                      COSTLINE_PARTITIONS=str(PARTITIONS),
-                      COSTLINE_STATE_DIR=str(tmp_path / "state"))
+    return pipeline_env(services, kafka_namespace, PARTITIONS, tmp_path / "state")
 
 
 @pytest.fixture

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from costline.rules.ledger import Intake as Pricer
-from costline.rules.ledger import Record, event_key
+from costline.rules.ledger import Record, Taken, event_key
 from costline.rules.prices import PriceBook
 from costline.streams.settings import DEFAULT_PRICES
 from costline.streams.worker.health import Health
@@ -130,9 +131,14 @@ async def test_a_take_of_only_skipped_records_is_delivered_without_pricing_or_se
     empty = Take([])
     source = Source([take(usage("a")), empty, take(usage("b"), first=1)], kafka)
     agent = intake(kafka)
-    priced: list[int] = []
+    priced: list[int] = []  # messages in each take priced
     submit = agent.pricing.submit
-    agent.pricing.submit = lambda values: (priced.append(len(values)), submit(values))[1]  # type: ignore[method-assign]
+
+    def counted(values: Sequence[bytes]) -> asyncio.Future[Taken]:
+        priced.append(len(values))
+        return submit(values)
+
+    agent.pricing.submit = counted  # type: ignore[method-assign]
     await agent.run(source)
     assert empty in source.delivered_takes
     assert priced == [1, 1], "the empty take is not priced"
