@@ -1,4 +1,5 @@
-"""Kafka plumbing: reachability probe, broker identity, topic creation and a tuned producer.
+"""Kafka plumbing: reachability probe, broker identity, topic creation, log ends and a tuned
+producer.
 
 Plain parameters only (bootstrap strings, names, numbers, a ``KafkaSecurity``) so that any
 layer can use it without the application's settings. Everything here talks kafka-python, except
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -239,6 +241,38 @@ def consumer(bootstrap: str, *topics: str, security: KafkaSecurity = PLAINTEXT,
 
     return KafkaConsumer(*topics, bootstrap_servers=bootstrap, **options,
                          **security.client_kwargs())
+
+
+# How long a fetch at a log's end may wait for records: long enough that every broker answers
+# it (Tansu leaves a fetch that may not wait at all unanswered), short enough that asking for
+# a namespace's ends stays well under a second.
+END_FETCH_WAIT_MS = 10
+
+
+def log_ends(client: Any, partitions: list[Any], timeout_s: float = 5.0) -> dict[Any, int]:
+    """Where each partition's log ends for ``client`` (a consumer made with ``consumer``, its
+    isolation level the one that matters; it is assigned ``partitions`` and moved).
+
+    ListOffsets answers, and a fetch from its answer checks it: a broker that counts a
+    record batch as one record there (``costline topics check``, ``log_end``) returns records
+    past its answer, and then the end is the fetch's high watermark. A fetch that returns
+    nothing leaves ListOffsets' answer, which for read committed is the last stable offset
+    (the high watermark would count a transaction still open). A partition whose fetch is not
+    answered within ``timeout_s`` keeps ListOffsets' answer.
+    """
+    ends: dict[Any, int] = client.end_offsets(partitions) if partitions else {}
+    if not ends:
+        return {}
+    client.assign(list(ends))
+    for tp, end in ends.items():
+        client.seek(tp, end)
+    past: set[Any] = set()
+    deadline = time.monotonic() + timeout_s
+    while any(client.highwater(tp) is None for tp in ends) and time.monotonic() < deadline:
+        fetched = client.poll(timeout_ms=END_FETCH_WAIT_MS)
+        past.update(tp for tp, records in fetched.items() if records)
+    return {tp: max(end, client.highwater(tp) or 0) if tp in past else end
+            for tp, end in ends.items()}
 
 
 @dataclass(frozen=True)

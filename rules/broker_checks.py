@@ -106,8 +106,8 @@ def _shown(values: tuple[bytes, ...]) -> str:
 
 
 @check("log_end", "progress",
-       "lag, and waiting for everything to be counted (as `costline demo` does), read the "
-       "input as shorter than it is; counting is not affected")
+       "lag read by other tools, which take ListOffsets' answer, shows the input as shorter "
+       "than it is; costline checks that answer with a fetch, and counting is not affected")
 def _log_end(probe: Probe) -> tuple[bool, str]:
     if len(probe.batch_offsets) != BATCH:
         return False, f"a fetch gave {len(probe.batch_offsets)} of the {BATCH} records sent"
@@ -157,8 +157,9 @@ def _committed_delivered(probe: Probe) -> tuple[bool, str]:
 
 
 @check("stable_end", "progress",
-       "while a producer's transaction is open, lag and waits for everything to be counted "
-       "read wrong; counting is not affected", transactional=True)
+       "while a producer's transaction is open, lag read by other tools is wrong, and "
+       "waiting for everything to be counted lasts until it ends; counting is not affected",
+       transactional=True)
 def _stable_end(probe: Probe) -> tuple[bool, str]:
     return (probe.stable_end is not None and probe.stable_end == probe.stable_position,
             f"ListOffsets (read committed) ends the committed log at {probe.stable_end}; "

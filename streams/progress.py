@@ -4,6 +4,8 @@ An input message is counted once intake has sent its events to the ledger (intak
 its offset, after the ledger has them) and every ledger record up to those is applied to
 Redis (each home partition's watermark). Input is read committed, as intake reads it: a
 transaction still open is not behind yet, and its markers are passed by intake's commits.
+Log ends are ListOffsets' answers checked with a fetch (``costline.connectors.kafka.log_ends``):
+some brokers count a record batch as one record there, and would have everything counted early.
 Tests, benchmarks and operators ask this to know that what was produced is in ``costline
 spend``.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from costline.connectors.kafka import admin, consumer
+from costline.connectors.kafka import END_FETCH_WAIT_MS, admin, consumer, log_ends
 from costline.connectors.redis_client import RedisClient
 from costline.connectors.redis_keys import slot_tag, wm_key
 from costline.streams.settings import Settings
@@ -34,20 +36,20 @@ def behind(settings: Settings, redis: RedisClient) -> Behind:
     """Input first, then the ledger: a ledger end read after intake committed everything holds
     every record that input made."""
     security = settings.kafka_security()
-    kafka = consumer(settings.kafka_bootstrap, security=security,
-                     isolation_level="read_committed")
+    kafka = consumer(settings.kafka_bootstrap, security=security, enable_auto_commit=False,
+                     isolation_level="read_committed", fetch_max_wait_ms=END_FETCH_WAIT_MS)
     manager = admin(settings.kafka_bootstrap, security=security)
     try:
         from kafka import TopicPartition
 
         inputs = [TopicPartition(settings.topic(name), p) for name in INPUTS
                   for p in kafka.partitions_for_topic(settings.topic(name)) or ()]
-        ends = kafka.end_offsets(inputs) if inputs else {}
+        ends = log_ends(kafka, inputs)
         committed = _committed(manager, settings.intake_group, inputs)
         waiting = sum(max(0, end - _offset(committed.get(tp))) for tp, end in ends.items())
         ledger = [TopicPartition(settings.topic(LEDGER), p)
                   for p in kafka.partitions_for_topic(settings.topic(LEDGER)) or ()]
-        ledger_ends = kafka.end_offsets(ledger) if ledger else {}
+        ledger_ends = log_ends(kafka, ledger)
     finally:
         kafka.close()
         manager.close()
