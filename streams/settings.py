@@ -136,6 +136,10 @@ class Settings(BaseSettings):
         60.0, gt=0, description="how long a group join may take (the embedded broker holds "
         "every join for this long, so ``stack up --kafka embedded`` exports a short one)"
     )
+    stop_timeout_s: float = Field(
+        25.0, gt=0, description="the longest a worker takes to stop: past it, with Kafka or "
+        "Redis not answering, it exits without leaving its groups (nothing is lost)"
+    )
     state_dir: Path = Field(
         Path.home() / ".local" / "state" / "costline",
         description="where ``costline stack`` keeps pid files, logs and data",

@@ -93,14 +93,17 @@ def web_port_problem(port: int) -> str | None:
     return None
 
 
-def faust_worker(app: Any, loglevel: str, stdout: IO[str] | None = None) -> Any:
-    """Faust's worker for ``app``. Its start-up spinner draws with terminal escapes (hide the
-    cursor, backspace, show it again): on a terminal it is kept, in a log file it would be
-    noise, so there it is left out."""
-    import faust
+def faust_worker(app: Any, loglevel: str, stdout: IO[str] | None = None,
+                 stop_timeout_s: float | None = None) -> Any:
+    """Faust's worker for ``app``, whose stop ends within ``stop_timeout_s``
+    (``costline.streams.worker.stop_deadline``). Its start-up spinner draws with terminal
+    escapes (hide the cursor, backspace, show it again): on a terminal it is kept, in a log
+    file it would be noise, so there it is left out."""
+    from costline.streams.worker.stop_deadline import Worker
 
     out = sys.stdout if stdout is None else stdout
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, stdout=out)
+    worker = Worker(app, loglevel=loglevel, quiet=True, stdout=out,
+                    stop_timeout_s=stop_timeout_s)
     if not out.isatty():
         worker.spinner = None
     return worker
@@ -146,7 +149,8 @@ def register(app: typer.Typer) -> None:
         logging.getLogger("costline").setLevel(loglevel.upper())
         started = time.monotonic()
         try:
-            faust_worker(app, loglevel).execute_from_commandline()
+            faust_worker(app, loglevel,
+                         stop_timeout_s=settings.stop_timeout_s).execute_from_commandline()
         except SystemExit as exit_:
             # Faust gives up when the broker vanishes while it starts: wait and start again.
             security = settings.kafka_security()

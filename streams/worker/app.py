@@ -130,7 +130,10 @@ class Wiring:
                 await step()
             except REDIS_DOWN as exc:
                 self.health.failing("redis", exc)
-            except Exception:  # noqa: BLE001 - one failed round must not stop the worker
+            except Exception as exc:  # noqa: BLE001 - one failed round must not stop the worker
+                if self.app.should_stop:  # ended by the stop: a child told to stop, a closed pool
+                    log.info("%s ended by the stop: %s", name, exc)
+                    return
                 self.metrics.inc(f"{name}_errors_total")
                 log.exception("%s failed", name)
         self.app.timer(interval=seconds, on_leader=on_leader)(single_flight(self.app, run, name))
@@ -235,7 +238,8 @@ class Wiring:
 
     def alerting(self, source: InputTakes, aggregation: Aggregation) -> Evaluator:
         settings = self.settings
-        runner = ProcessRunner(settings, self.prices) if settings.evaluator == "process" else None
+        runner = ProcessRunner(settings, self.prices, stopping=lambda: self.app.should_stop) \
+            if settings.evaluator == "process" else None
         if runner is not None:
             process = runner
 

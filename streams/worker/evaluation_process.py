@@ -18,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -42,8 +43,12 @@ class ProcessRunner:
     The child connects to Redis as ``settings`` say, and prices with the worker's own book.
     """
 
-    def __init__(self, settings: Any, prices: PriceBook) -> None:
+    def __init__(self, settings: Any, prices: PriceBook,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.settings, self.prices = settings, prices
+        # The worker is stopping: a SIGTERM to its process group has ended the child too,
+        # and no other is started.
+        self.stopping = stopping
         self._process: Any = None
         self._conn: Connection | None = None
         self._rules: RuleSet | None = None  # the rule set the child holds
@@ -76,7 +81,7 @@ class ProcessRunner:
         self._process = self._conn = self._rules = None
 
     def _child(self) -> Connection:
-        if self._stopped:
+        if self._stopped or self.stopping():
             raise EvaluatorDied("the worker is stopping")
         if self._process is not None and self._process.is_alive() and self._conn is not None:
             return self._conn

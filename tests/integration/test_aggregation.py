@@ -21,6 +21,7 @@ from costline.connectors.redis_client import connect
 from costline.streams.settings import Settings
 from costline.streams.topics import create_topics
 from tests.conftest import unavailable
+from tests.integration.conftest import StackUp, pids_of
 from tests.integration.streamkit import (
     Ledger,
     Worker,
@@ -437,3 +438,46 @@ def test_sigterm_to_the_process_group_stops_everything_without_an_error(
     assert not [line for line in log.splitlines()
                 if any(word in line for word in ("ERROR", "CRITICAL", "Traceback"))], log[-3000:]
     assert "starting a new one" not in log and "starting the pool again" not in log
+
+
+def test_a_stop_with_kafka_not_answering_ends_in_time_and_loses_nothing(
+        services, namespace: str, tmp_path: Path, private_stack: tuple[Path, StackUp],
+        kafka_libs: Path) -> None:
+    """The broker stops answering (SIGSTOP) with input in flight, then the worker is told to
+    stop: it exits at COSTLINE_STOP_TIMEOUT_S, where waiting out aiokafka's and Faust's own
+    timeouts took 142 s, and the next worker counts everything once."""
+    state, up = private_stack
+    bootstrap = up(kafka="apache", redis="none", kafka_libs=kafka_libs).exports[
+        "COSTLINE_KAFKA_BOOTSTRAP"]
+    broker = next(record.pid for record in pids_of(state) if "kafka.Kafka" in record.argv)
+    env = worker_env(namespace, bootstrap, services.redis_url, COSTLINE_STOP_TIMEOUT_S="8",
+                     **FOLDINGS["pool"])
+    create_topics(Settings(kafka_bootstrap=bootstrap, namespace=namespace, partitions=4))
+    worker = Worker(env, tmp_path / "worker.log")
+    worker.start()
+    messages, ledger, _ = _stream(seed=21, n=3000)
+    topic = f"{namespace}.usage.v1"
+    half = len(messages) // 2
+    try:
+        produce(bootstrap, topic, messages[:half])
+        wait_caught_up(env, worker)
+        produce(bootstrap, topic, messages[half:])  # in flight when the broker stops
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            os.killpg(worker.proc.pid, signal.SIGTERM)
+            assert worker.proc.wait(30) == 0
+            took = time.monotonic() - began
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        log = worker.log.read_text()
+        assert 8 <= took < 13, log[-3000:]
+        assert "not stopped after 8 s (COSTLINE_STOP_TIMEOUT_S)" in log
+        assert "Traceback" not in log, log[-3000:]
+        worker.start()
+        wait_caught_up(env, worker)
+        report = spend_json(env, "--period", "day", "--at", AT, "--by", "team")
+        assert rows_by_group(report, ("team",), "cost") == ledger.total(
+            "cost", ("team",), {}, DAY, DAY + 86400)
+    finally:
+        worker.stop()

@@ -18,7 +18,7 @@ from costline.rules.engine import Engine, Evaluation
 from costline.rules.loader import RuleSet
 from costline.rules.prices import PriceBook
 from costline.streams.settings import DEFAULT_PRICES, Settings
-from costline.streams.worker.evaluation_process import ProcessRunner
+from costline.streams.worker.evaluation_process import EvaluatorDied, ProcessRunner
 from costline.streams.worker.evaluator import InlineRunner
 from tests.conftest import DEFAULT_REDIS_URL
 from tests.integration.redis_writer import Writer
@@ -100,6 +100,28 @@ async def test_a_new_rule_set_and_a_dead_child_are_taken_care_of(
     changed = runner.evaluate(Engine.for_prices(NIGHTLY, PRICES), T0 + 60, full=True)
     assert runner.pid not in (None, first)
     assert [(c["rule"], c["group"]) for c in changed.changes] == [("team-night", {"team": "a"})]
+
+
+def test_a_child_ended_by_the_worker_s_stop_is_not_replaced(
+        any_redis_url: str, namespace: str) -> None:
+    """SIGTERM to the worker's process group ends the child at once, while the worker's stop
+    takes its time: the evaluations its timers still ask for start no other child."""
+    stopping = False
+    runner = ProcessRunner(Settings(redis_url=any_redis_url, namespace=namespace,
+                                    timezone="UTC"), PRICES, stopping=lambda: stopping)
+    try:
+        engine = Engine.for_prices(NIGHTLY, PRICES)
+        runner.evaluate(engine, T0, full=True)
+        child = runner.pid
+        assert child is not None
+        os.kill(child, signal.SIGTERM)
+        stopping = True
+        for _ in range(2):
+            with pytest.raises(EvaluatorDied, match="stopping"):
+                runner.evaluate(engine, T0 + 60, full=True)
+        assert runner.pid in (None, child)
+    finally:
+        runner.close()
 
 
 def test_a_redis_outage_crosses_as_a_redis_error(namespace: str) -> None:

@@ -1,0 +1,63 @@
+"""A stop that ends: a worker asked to stop exits within ``COSTLINE_STOP_TIMEOUT_S``.
+
+A graceful stop delivers the takes in flight, commits their input, writes the folded windows
+and leaves both consumer groups, and each of those waits on Kafka or Redis. With the broker
+not answering, aiokafka's requests and Faust's consumer thread wait out their own timeouts
+one after the other: such a stop took 142 s, past an orchestrator's grace period
+(Kubernetes' default is 30 s), and ended in tracebacks from a thread whose event loop had
+closed. Exiting at the deadline instead loses nothing, as a crash loses nothing: input not
+committed is read again by the next worker, and each of its events is counted once at its
+home partition (the watermark and the dedup memory in Redis). The children end with the
+worker (``costline.streams.worker.child_process``).
+
+The deadline is a thread of its own, since the event loop may be what waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import faust
+
+log = logging.getLogger("costline.worker")
+
+
+class Worker(faust.Worker):
+    """Faust's worker, its stop bounded by ``stop_timeout_s`` (``None``: Faust's own stop)."""
+
+    def __init__(self, *services: Any, stop_timeout_s: float | None = None,
+                 **options: Any) -> None:
+        super().__init__(*services, **options)
+        self.stop_timeout_s = stop_timeout_s
+
+    async def on_stop(self) -> None:
+        # The first step of a stop (mode's ``Service.stop``), before any child stops.
+        if self.stop_timeout_s is not None:
+            arm(self.stop_timeout_s)
+        await super().on_stop()
+
+
+def arm(seconds: float, exit_process: Callable[[int], object] = os._exit) -> threading.Timer:
+    """Start the deadline: ``exit_process(0)`` after ``seconds`` unless the process ends
+    first (the thread is a daemon, so it never holds the process up)."""
+    timer = threading.Timer(seconds, _expire, args=(seconds, exit_process))
+    timer.name = "stop-deadline"
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _expire(seconds: float, exit_process: Callable[[int], object]) -> None:
+    log.warning("not stopped after %g s (COSTLINE_STOP_TIMEOUT_S): Kafka or Redis is not "
+                "answering. Exiting now; input not committed yet is read again by the next "
+                "worker and counted once", seconds)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    exit_process(0)
