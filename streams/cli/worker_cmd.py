@@ -99,7 +99,7 @@ def faust_worker(app: Any, loglevel: str, stdout: IO[str] | None = None,
     (``costline.streams.worker.stop_deadline``). Its start-up spinner draws with terminal
     escapes (hide the cursor, backspace, show it again): on a terminal it is kept, in a log
     file it would be noise, so there it is left out."""
-    from costline.streams.worker.stop_deadline import Worker
+    from costline.streams.worker.faust_app import Worker
 
     out = sys.stdout if stdout is None else stdout
     worker = Worker(app, loglevel=loglevel, quiet=True, stdout=out,

@@ -1,12 +1,15 @@
 """The worker's Faust app, as the settings make it: brokers, credentials, and the few knobs of
-Faust's that the worker's load needs."""
+Faust's that the worker's load needs; and Faust's worker that runs it, its stop bounded."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import faust
 
 from costline.connectors.kafka import MAX_MESSAGE_BYTES, WORKER_COMPRESSION
 from costline.streams.settings import Settings
+from costline.streams.worker import stop_deadline
 
 
 def faust_broker(bootstrap: str) -> list[str]:
@@ -44,3 +47,18 @@ def faust_app(settings: Settings) -> faust.App:
         consumer_max_fetch_size=settings.fetch_bytes,
         web_in_thread=False,
     )
+
+
+class Worker(faust.Worker):
+    """Faust's worker, its stop bounded by ``stop_timeout_s`` (``None``: Faust's own stop)."""
+
+    def __init__(self, *services: Any, stop_timeout_s: float | None = None,
+                 **options: Any) -> None:
+        super().__init__(*services, **options)
+        self.stop_timeout_s = stop_timeout_s
+
+    async def on_stop(self) -> None:
+        # The first step of a stop (mode's ``Service.stop``), before any child stops.
+        if self.stop_timeout_s is not None:
+            stop_deadline.arm(self.stop_timeout_s)
+        await super().on_stop()

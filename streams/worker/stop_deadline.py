@@ -20,26 +20,8 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
-
-import faust
 
 log = logging.getLogger("costline.worker")
-
-
-class Worker(faust.Worker):
-    """Faust's worker, its stop bounded by ``stop_timeout_s`` (``None``: Faust's own stop)."""
-
-    def __init__(self, *services: Any, stop_timeout_s: float | None = None,
-                 **options: Any) -> None:
-        super().__init__(*services, **options)
-        self.stop_timeout_s = stop_timeout_s
-
-    async def on_stop(self) -> None:
-        # The first step of a stop (mode's ``Service.stop``), before any child stops.
-        if self.stop_timeout_s is not None:
-            arm(self.stop_timeout_s)
-        await super().on_stop()
 
 
 def arm(seconds: float, exit_process: Callable[[int], object] = os._exit) -> threading.Timer:
