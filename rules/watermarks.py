@@ -81,3 +81,10 @@ def verified(position: Position, stored: int) -> tuple[Position, SeekBack | None
 def to_write(offsets: list[int], position: Position) -> list[int]:
     """The records of a window still to write: those above what Redis holds."""
     return [offset for offset in offsets if offset > position.applied]
+
+
+def expired(start: int, kept_from: int) -> int:
+    """How many records from ``start`` on the ledger no longer holds (``kept_from`` is its
+    first kept offset): its retention removed them before Redis counted them, and their
+    events are missing from the totals."""
+    return max(0, kept_from - start)

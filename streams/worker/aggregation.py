@@ -246,18 +246,19 @@ class Aggregation(ConsumerRebalanceListener):  # type: ignore[misc]
             self.metrics.inc("watermark_mismatch_total")
             home.position, action = watermarks.mismatch(position, outcome.stored)
             if isinstance(action, SeekBack):
-                self._seek_back(partition, home, action)
+                await self._seek_back(partition, home, action)
                 return
             log.info("ledger[%d]: watermark %d was written elsewhere; going on after it",
                      partition, outcome.stored)
 
-    def _seek_back(self, partition: int, home: Home, action: SeekBack) -> None:
+    async def _seek_back(self, partition: int, home: Home, action: SeekBack) -> None:
         log.warning("ledger[%d]: Redis holds watermark %d, behind what was written (Redis "
                     "lost writes); reading again from %d", partition, action.offset - 1,
                     action.offset)
         home.window = None
         if self.consumer is not None:
             self.consumer.seek(TopicPartition(self.topic, partition), action.offset)
+            await self._expired_before({partition: action.offset})
 
     async def verify_watermarks(self) -> None:
         """Seek back the idle partitions whose watermark Redis lost: a partition that
@@ -272,7 +273,7 @@ class Aggregation(ConsumerRebalanceListener):  # type: ignore[misc]
             home.position, action = watermarks.verified(position, stored)
             if action is not None:
                 self.metrics.inc("watermark_mismatch_total")
-                self._seek_back(partition, home, action)
+                await self._seek_back(partition, home, action)
 
     # -- partitions coming and going -------------------------------------------------------
 
@@ -301,6 +302,7 @@ class Aggregation(ConsumerRebalanceListener):  # type: ignore[misc]
         await until_redis_answers(
             lambda: self.writer.register_slots([home.slot for _, home in waiting]),
             self.health, self.metrics)
+        starts: dict[int, int] = {}
         for partition, home in waiting:
             stored = await until_redis_answers(lambda h=home: self.writer.watermark(h.slot),  # type: ignore[misc]
                                                self.health, self.metrics)
@@ -310,7 +312,31 @@ class Aggregation(ConsumerRebalanceListener):  # type: ignore[misc]
             tp = TopicPartition(self.topic, partition)
             self.consumer.seek(tp, start)
             self.consumer.resume(tp)
+            starts[partition] = start
         log.info("resuming %d ledger partitions from their Redis watermarks", len(waiting))
+        await self._expired_before(starts)
+
+    async def _expired_before(self, starts: dict[int, int]) -> None:
+        """Say so when the ledger no longer holds records a partition is read from (Redis
+        restored from a snapshot, or down, for longer than the ledger keeps them): Kafka then
+        starts at its first kept record, and what was removed is missing from the totals."""
+        if not starts or self.consumer is None:
+            return
+        tps = {TopicPartition(self.topic, p): start for p, start in starts.items()}
+        try:
+            kept = await self.consumer.beginning_offsets(list(tps))
+        except KafkaError as exc:
+            log.warning("could not read where the ledger begins: %s", exc)
+            return
+        for tp, start in tps.items():
+            lost = watermarks.expired(start, kept.get(tp, start))
+            if lost:
+                self.metrics.inc("ledger_records_expired_total", lost,
+                                 partition=str(tp.partition))
+                log.error("ledger[%d]: records %d to %d were removed by the ledger's "
+                          "retention before Redis counted them; their events are missing "
+                          "from the totals until intake reads their input again "
+                          "(docs/OPERATIONS.md, Kafka)", tp.partition, start, kept[tp] - 1)
 
     async def _settle(self, homes: list[Home], timeout: float) -> None:
         writers = _writers(homes)

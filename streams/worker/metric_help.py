@@ -10,6 +10,8 @@ DESCRIPTIONS: dict[str, str] = {
     "events_duplicate_total": "ledger entries ignored because their event was counted",
     "ledger_records_replayed_total": "ledger records skipped as already applied",
     "ledger_records_unreadable_total": "ledger records that were not ledger records",
+    "ledger_records_expired_total": "ledger records removed by the ledger's retention "
+                                    "before Redis counted them, by partition",
     "redis_apply_seconds": "latency of one batch write to Redis",
     "evaluations_total": "rule evaluations run",
     "alert_changes_total": "alert state changes published",

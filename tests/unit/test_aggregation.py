@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,7 @@ class GatedWriter(MemoryWriter):
 class FakeConsumer:
     seeks: list[tuple[int, int]] = field(default_factory=list)
     paused: set[int] = field(default_factory=set)
+    kept_from: dict[int, int] = field(default_factory=dict)  # where each partition begins
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.seeks.append((tp.partition, offset))
@@ -114,6 +116,9 @@ class FakeConsumer:
 
     def highwater(self, tp: TopicPartition) -> int:
         return 100
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.kept_from.get(tp.partition, 0) for tp in tps}
 
 
 async def make(writer: MemoryWriter | None = None, partitions: int = 1,
@@ -148,6 +153,23 @@ async def test_a_new_partition_waits_paused_until_it_resumes_after_its_watermark
     assert consumer.paused == {2, 3}
     await agg._resolve_new_homes()
     assert sorted(consumer.seeks) == [(2, 42), (3, 0)] and consumer.paused == set()
+
+
+async def test_records_removed_before_they_were_counted_are_reported(
+        caplog: pytest.LogCaptureFixture) -> None:
+    writer = MemoryWriter()
+    writer.wm[slot(2)] = 41
+    consumer = FakeConsumer(kept_from={2: 50, 3: 0})
+    agg = Aggregation(consumer=lambda: consumer, topic=TOPIC, namespace="t",  # type: ignore[arg-type, return-value]
+                      writer=writer, metrics=Metrics(), health=Health(),  # type: ignore[arg-type]
+                      window_events=10, window_linger_s=0, unwritten_events=10)
+    agg.consumer = consumer  # type: ignore[assignment]
+    await agg.on_partitions_assigned([TopicPartition(TOPIC, 2), TopicPartition(TOPIC, 3)])
+    with caplog.at_level(logging.ERROR, logger="costline"):
+        await agg._resolve_new_homes()
+    assert agg.metrics.value("ledger_records_expired_total", partition="2") == 8
+    assert agg.metrics.value("ledger_records_expired_total", partition="3") == 0
+    assert "ledger[2]: records 42 to 49 were removed" in caplog.text
 
 
 async def test_a_replayed_record_changes_nothing():
@@ -199,6 +221,16 @@ async def test_a_seek_back_drops_the_rest_of_the_batch_being_folded():
     assert consumer.seeks == [(0, 0)]
     await folded(agg, 0, msgs((0, "a"), (1, "b"), (2, "c"), (3, "d")))
     assert writer.cost[slot(0)] == 4 * H100 and writer.wm[slot(0)] == 3
+
+
+async def test_a_seek_back_past_what_the_ledger_keeps_is_reported():
+    agg, writer, consumer = await make(window_events=1)
+    await folded(agg, 0, msgs((0, "a"), (1, "b")))
+    writer.wm[slot(0)] = -1  # emptied, and the ledger's retention has removed offset 0
+    consumer.kept_from[0] = 1
+    await folded(agg, 0, msgs((2, "c")))
+    assert consumer.seeks == [(0, 0)]
+    assert agg.metrics.value("ledger_records_expired_total", partition="0") == 1
 
 
 async def test_a_watermark_another_worker_moved_is_adopted_and_only_later_records_written():

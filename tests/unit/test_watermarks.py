@@ -10,6 +10,7 @@ from costline.rules.watermarks import (
     Position,
     SeekBack,
     admits,
+    expired,
     folded,
     mismatch,
     resumed,
@@ -72,3 +73,13 @@ def test_an_idle_partition_whose_watermark_redis_lost_is_read_again():
     assert verified(Position(30, 30, 1), 12) == (Position(12, 12, 2), SeekBack(13))
     assert verified(Position(30, 30, 1), 30) == (Position(30, 30, 1), None)
     assert verified(Position(30, 30, 1), 31) == (Position(30, 30, 1), None)  # its write says
+
+
+@pytest.mark.parametrize(("start", "kept_from", "lost"), [
+    (42, 0, 0),      # the ledger still holds everything from the watermark on
+    (42, 42, 0),     # it begins right where the partition is read from
+    (42, 50, 8),     # retention removed 42..49 before they were counted
+    (0, 1_000, 1_000),  # Redis emptied, and the ledger no longer begins at 0
+])
+def test_records_the_ledger_removed_before_they_were_counted(start, kept_from, lost):
+    assert expired(start, kept_from) == lost

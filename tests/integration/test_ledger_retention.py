@@ -1,0 +1,97 @@
+"""Past what the ledger keeps: Redis restored from a snapshot older than the ledger's retention
+(or down for longer) finds records removed before it counted them. They cannot be counted
+from the ledger any more, and the worker says so, by partition and offset, instead of
+starting silently at the ledger's first kept record; what the ledger still holds is counted
+exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kafka import KafkaProducer, TopicPartition
+
+from costline.connectors.kafka import admin
+from costline.rules.events import parse_message
+from costline.rules.ledger import Intake
+from costline.rules.prices import PriceBook
+from costline.streams.settings import DEFAULT_PRICES
+from costline.streams.topics import create_topics
+from tests.integration.streamkit import (
+    Ledger,
+    Worker,
+    rows_by_group,
+    settings_of,
+    spend_json,
+    usage_event,
+    wait_caught_up,
+    worker_env,
+)
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+DAY = 1795824000  # 2026-11-28T00:00:00Z
+AT = "2026-11-28T12:00:00Z"
+
+
+def to_ledger(bootstrap: str, topic: str, events: list[dict[str, object]]) -> dict[int, int]:
+    """The events' ledger records, as intake writes them; how many went to each partition."""
+    parsed = parse_message(json.dumps(events).encode())
+    records = Intake(PriceBook.load(DEFAULT_PRICES), PARTITIONS).records(parsed.events)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for home, record in records.items():
+        producer.send(topic, record.encode(), partition=home).get(30)
+    producer.close()
+    return {home: 1 for home in records}
+
+
+def expired_by_partition(port: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("costline_ledger_records_expired_total{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('partition="')[1].split('"')[0]] = float(value)
+    return found
+
+
+def test_records_removed_before_they_were_counted_are_reported(
+        services, kafka_namespace: str, tmp_path: Path) -> None:
+    env = worker_env(kafka_namespace, services.bootstrap, services.redis_url,
+                     COSTLINE_PARTITIONS=str(PARTITIONS))
+    settings = settings_of(env)
+    create_topics(settings)
+    ledger_topic = settings.topic("ledger")
+    rng = random.Random(5)
+    removed = to_ledger(services.bootstrap, ledger_topic,
+                        [usage_event(rng, f"gone-{n}", DAY + n) for n in range(40)])
+    client = admin(services.bootstrap)
+    try:  # what retention does once the records are old enough
+        client.delete_records({TopicPartition(ledger_topic, p): n for p, n in removed.items()})
+    finally:
+        client.close()
+    kept, expected = [usage_event(rng, f"kept-{n}", DAY + n) for n in range(40)], Ledger()
+    for event in kept:
+        expected.count(event)
+    to_ledger(services.bootstrap, ledger_topic, kept)
+
+    worker = Worker(env, tmp_path / "worker.log")
+    worker.start()
+    try:
+        wait_caught_up(env, worker)
+        assert expired_by_partition(env["COSTLINE_WEB_PORT"]) == {
+            str(p): float(n) for p, n in removed.items()}
+        log = worker.log.read_text()
+        for partition in removed:
+            assert f"ledger[{partition}]: records 0 to 0 were removed by the ledger's " \
+                   "retention before Redis counted them" in log
+        report = spend_json(env, "--period", "day", "--at", AT, "--by", "team")
+        assert rows_by_group(report, ("team",), "cost") == expected.total(
+            "cost", ("team",), {}, DAY, DAY + 86400)
+    finally:
+        worker.stop()
