@@ -12,6 +12,7 @@ command loads this module, and importing kafka-python takes about 0.1 s.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 import time
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costline.connectors.kafka_security import PLAINTEXT, KafkaSecurity
+
+log = logging.getLogger("costline.kafka")
 
 API_VERSIONS_KEY = 18
 TOPIC_ALREADY_EXISTS = 36
@@ -250,16 +253,19 @@ END_FETCH_WAIT_MS = 10
 
 
 def log_ends(client: Any, partitions: list[Any], timeout_s: float = 5.0) -> dict[Any, int]:
-    """Where each partition's log ends for ``client`` (a consumer made with ``consumer``, its
-    isolation level the one that matters; it is assigned ``partitions`` and moved).
+    """Where each partition's log ends for ``client``, a consumer made with ``consumer(...,
+    fetch_max_wait_ms=END_FETCH_WAIT_MS)`` whose isolation level is the one that matters (it
+    is assigned ``partitions`` and moved).
 
-    ListOffsets answers, and a fetch from its answer checks it: a broker that counts a
-    record batch as one record there (``costline topics check``, ``log_end``) returns records
-    past its answer, and then the end is the fetch's high watermark. A fetch that returns
-    nothing leaves ListOffsets' answer, which for read committed is the last stable offset
-    (the high watermark would count a transaction still open). A partition whose fetch is not
-    answered within ``timeout_s`` keeps ListOffsets' answer.
+    ListOffsets answers, and a fetch from its answer checks it. A fetch that returns nothing
+    leaves ListOffsets' answer, which for read committed is the last stable offset. A broker
+    that counts a record batch as one record there (``costline topics check``, ``log_end``)
+    returns records past it: the end is then the fetch's high watermark, which also counts a
+    transaction still open, so a wait on it lasts until that ends, and never ends early. A
+    partition whose fetch is not answered within ``timeout_s`` keeps ListOffsets' answer,
+    with a warning.
     """
+    client.unsubscribe()  # no high watermark kept from an earlier assignment
     ends: dict[Any, int] = client.end_offsets(partitions) if partitions else {}
     if not ends:
         return {}
@@ -271,7 +277,11 @@ def log_ends(client: Any, partitions: list[Any], timeout_s: float = 5.0) -> dict
     while any(client.highwater(tp) is None for tp in ends) and time.monotonic() < deadline:
         fetched = client.poll(timeout_ms=END_FETCH_WAIT_MS)
         past.update(tp for tp, records in fetched.items() if records)
-    return {tp: max(end, client.highwater(tp) or 0) if tp in past else end
+    unanswered = sorted(str(tp) for tp in ends if client.highwater(tp) is None)
+    if unanswered:
+        log.warning("no fetch answered within %g s for %s: taking ListOffsets' end for them",
+                    timeout_s, ", ".join(unanswered))
+    return {tp: max(end, client.highwater(tp) or 0, client.position(tp)) if tp in past else end
             for tp, end in ends.items()}
 
 

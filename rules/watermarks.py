@@ -84,7 +84,7 @@ def to_write(offsets: list[int], position: Position) -> list[int]:
 
 
 def expired(start: int, kept_from: int) -> int:
-    """How many records from ``start`` on the ledger no longer holds (``kept_from`` is its
-    first kept offset): its retention removed them before Redis counted them, and their
-    events are missing from the totals."""
+    """How many records from ``start`` on a log no longer holds (``kept_from`` is its first
+    kept offset): its retention removed them before they were counted (the ledger's before
+    Redis applied them, an input topic's before intake priced them)."""
     return max(0, kept_from - start)

@@ -63,14 +63,18 @@ def behind(settings: Settings, redis: RedisClient) -> Behind:
 
 def _committed(manager: Any, group: str, partitions: list[Any]) -> dict[Any, Any]:
     """The group's committed offsets; none while its coordinator is not ready yet (a young
-    broker creating its offsets topic): nothing counts as committed then."""
-    from kafka.errors import CoordinatorNotAvailableError, NotCoordinatorError
+    broker creating or loading its offsets topic): nothing counts as committed then."""
+    from kafka.errors import (
+        CoordinatorLoadInProgressError,
+        CoordinatorNotAvailableError,
+        NotCoordinatorError,
+    )
 
     if not partitions:
         return {}
     try:
         found: dict[Any, Any] = manager.list_group_offsets({group: partitions}).get(group, {})
-    except (CoordinatorNotAvailableError, NotCoordinatorError):
+    except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError, NotCoordinatorError):
         return {}
     return found
 

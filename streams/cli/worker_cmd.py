@@ -148,14 +148,15 @@ def register(app: typer.Typer) -> None:
         app, _ = build_app(settings, partitions)
         logging.getLogger("costline").setLevel(loglevel.upper())
         started = time.monotonic()
+        worker = faust_worker(app, loglevel, stop_timeout_s=settings.stop_timeout_s)
         try:
-            faust_worker(app, loglevel,
-                         stop_timeout_s=settings.stop_timeout_s).execute_from_commandline()
+            worker.execute_from_commandline()
         except SystemExit as exit_:
             # Faust gives up when the broker vanishes while it starts: wait and start again.
             security = settings.kafka_security()
             if exit_.code and time.monotonic() - started < STARTUP_S and \
                     not _kafka_answers(settings.kafka_bootstrap, security):
+                worker.start_again()
                 typer.echo("costline worker: Kafka went away while starting; starting again "
                            "once it answers", err=True)
                 _until_kafka_answers(settings.kafka_bootstrap,

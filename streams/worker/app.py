@@ -53,7 +53,7 @@ from costline.streams.worker.budget_gauges import BUDGET_SERIES, GAUGE_HELP, Bud
 from costline.streams.worker.consumers import group_consumer
 from costline.streams.worker.enforce_alerts import enforcement_alert
 from costline.streams.worker.enforcer import EnforceActions, Enforcer, build_enforcer
-from costline.streams.worker.evaluation_process import ProcessRunner
+from costline.streams.worker.evaluation_process import EvaluatorDied, ProcessRunner
 from costline.streams.worker.evaluator import Evaluator, RuleSource
 from costline.streams.worker.faust_app import faust_app
 from costline.streams.worker.health import Health
@@ -131,7 +131,8 @@ class Wiring:
             except REDIS_DOWN as exc:
                 self.health.failing("redis", exc)
             except Exception as exc:  # noqa: BLE001 - one failed round must not stop the worker
-                if self.app.should_stop:  # ended by the stop: a child told to stop, a closed pool
+                if isinstance(exc, EvaluatorDied) and self.app.should_stop:
+                    # SIGTERM to the process group ended the evaluation process first
                     log.info("%s ended by the stop: %s", name, exc)
                     return
                 self.metrics.inc(f"{name}_errors_total")
@@ -161,7 +162,7 @@ class Wiring:
             group=settings.intake_group,
             earlier_group=settings.app_group, topics=[settings.topic(n) for n in INPUTS],
             batch_messages=settings.batch_messages, within_s=settings.batch_within_s,
-            commit_every_s=INPUT_COMMIT_EVERY_S)
+            commit_every_s=INPUT_COMMIT_EVERY_S, metrics=self.metrics)
 
         @self.app.service
         class Input(faust.Service):

@@ -20,6 +20,7 @@ import os
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from costline.rules.engine import Engine, Evaluation
@@ -46,8 +47,8 @@ class ProcessRunner:
     def __init__(self, settings: Any, prices: PriceBook,
                  stopping: Callable[[], bool] = lambda: False) -> None:
         self.settings, self.prices = settings, prices
-        # The worker is stopping: a SIGTERM to its process group has ended the child too,
-        # and no other is started.
+        # The worker is stopping (or has crashed): a SIGTERM to its process group may have
+        # ended the child already, and no other is started.
         self.stopping = stopping
         self._process: Any = None
         self._conn: Connection | None = None
@@ -59,12 +60,12 @@ class ProcessRunner:
         return self._process.pid if self._process is not None else None
 
     def evaluate(self, engine: Engine, now: float, full: bool) -> Evaluation:
-        conn = self._child()
+        conn, process = self._child()
         if engine.rules is not self._rules:
             conn.send(("rules", engine.rules))
             self._rules = engine.rules
         conn.send(("evaluate", now, full))
-        return self._answer(conn)
+        return self._answer(conn, process)
 
     def stop(self) -> None:
         """The worker stops: end the child, and start no other."""
@@ -72,22 +73,26 @@ class ProcessRunner:
         self.close()
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        if self._process is not None:
-            self._process.join(timeout=5)
-            if self._process.is_alive():
-                self._process.kill()
+        # The worker's stop may close while an evaluation waits in another thread: each
+        # closes what it found, and a pipe closed twice is closed.
+        conn, process = self._conn, self._process
         self._process = self._conn = self._rules = None
+        if conn is not None:
+            conn.close()
+        if process is not None:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
 
-    def _child(self) -> Connection:
+    def _child(self) -> tuple[Connection, BaseProcess]:
         if self._stopped or self.stopping():
             raise EvaluatorDied("the worker is stopping")
-        if self._process is not None and self._process.is_alive() and self._conn is not None:
-            return self._conn
-        if self._process is not None:
+        conn, process = self._conn, self._process
+        if process is not None and process.is_alive() and conn is not None:
+            return conn, process
+        if process is not None:
             log.error("the evaluation process ended (exit code %s); starting a new one",
-                      self._process.exitcode)
+                      process.exitcode)
             self.close()
         ours, theirs = multiprocessing.Pipe()
         process = child_process.start(PROCESS_NAME, child_main, self.settings, self.prices,
@@ -95,18 +100,20 @@ class ProcessRunner:
         theirs.close()
         self._process, self._conn = process, ours
         log.info("evaluation process started (pid %d)", process.pid)
-        return ours
+        return ours, process
 
-    def _answer(self, conn: Connection) -> Evaluation:
-        while not conn.poll(_WAIT_S):
-            if not self._process.is_alive():
-                break
+    def _answer(self, conn: Connection, process: BaseProcess) -> Evaluation:
         try:
+            while not conn.poll(_WAIT_S):
+                if not process.is_alive():
+                    break
             kind, value = conn.recv()
         except (EOFError, OSError) as exc:
-            code = self._process.exitcode if self._process is not None else None
             self.close()
-            raise EvaluatorDied(f"the evaluation process ended (exit code {code})") from exc
+            if self._stopped or self.stopping():
+                raise EvaluatorDied("the worker is stopping") from exc
+            raise EvaluatorDied(
+                f"the evaluation process ended (exit code {process.exitcode})") from exc
         except Exception as exc:  # an error that crossed but cannot be rebuilt here
             raise RuntimeError(f"the evaluation failed: {exc!r}") from exc
         if kind == "error":

@@ -3,6 +3,7 @@ Faust's that the worker's load needs; and Faust's worker that runs it, its stop 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import faust
@@ -56,9 +57,18 @@ class Worker(faust.Worker):
                  **options: Any) -> None:
         super().__init__(*services, **options)
         self.stop_timeout_s = stop_timeout_s
+        self.deadline: threading.Timer | None = None
 
     async def on_stop(self) -> None:
-        # The first step of a stop (mode's ``Service.stop``), before any child stops.
-        if self.stop_timeout_s is not None:
-            stop_deadline.arm(self.stop_timeout_s)
+        # The first step of every stop (mode's ``Service.stop``): asked for (SIGTERM,
+        # Ctrl-C), after a crash, or after a failed start, before any child stops.
+        if self.stop_timeout_s is not None and self.deadline is None:
+            self.deadline = stop_deadline.arm(self.stop_timeout_s)
         await super().on_stop()
+
+    def start_again(self) -> None:
+        """The command will start the worker again (``os.execv``), after waiting as long as
+        it takes: the stop's deadline no longer applies."""
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None

@@ -36,7 +36,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
+from costline.rules import watermarks
 from costline.rules.input_offsets import Fetched, InputOffsets
+from costline.streams.worker.metrics import Metrics
 
 log = logging.getLogger("costline.input")
 
@@ -61,8 +63,10 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def __init__(self, *, consumer: Callable[[str], AIOKafkaConsumer], group: str,
                  earlier_group: str, topics: list[str], batch_messages: int,
-                 within_s: float, commit_every_s: float) -> None:
+                 within_s: float, commit_every_s: float, metrics: Metrics | None = None
+                 ) -> None:
         self.make_consumer = consumer
+        self.metrics = metrics or Metrics()
         self.group, self.earlier_group = group, earlier_group
         self.topics = topics
         self.batch_messages, self.within_s = batch_messages, within_s
@@ -187,6 +191,9 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
             fresh = [tp for tp, offset in zip(partitions, committed, strict=True)
                      if offset is None]
             earlier = await self._earlier_offsets(fresh) if fresh else {}
+            starts = {tp: offset for tp, offset in zip(partitions, committed, strict=True)
+                      if offset is not None} | earlier
+            kept = await consumer.beginning_offsets(list(starts)) if starts else {}
         except KafkaError as exc:
             log.warning("reading where %d new input partitions start failed, trying again: "
                         "%s", len(partitions), exc)
@@ -196,11 +203,26 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
             return  # partitions moved meanwhile: the new ones are resolved next round
         for tp, offset in earlier.items():
             consumer.seek(tp, offset)
+        for tp, start in starts.items():
+            self._expired_before(tp, start, kept.get(tp))
         consumer.resume(*partitions)
         self._unresolved.difference_update(partitions)
         if earlier:
             log.info("starting %d input partitions where %s committed them", len(earlier),
                      self.earlier_group)
+
+    def _expired_before(self, tp: TopicPartition, start: int, kept_from: int | None) -> None:
+        """Say so when the topic no longer holds messages the group is to read from (intake
+        down for longer than the input topics keep messages): Kafka then starts at the
+        first kept one, and the events of those removed are not counted."""
+        lost = 0 if kept_from is None else watermarks.expired(start, kept_from)
+        if lost and kept_from is not None:
+            self.metrics.inc("input_messages_expired_total", lost, topic=tp.topic,
+                             partition=str(tp.partition))
+            log.error("%s[%d]: messages %d to %d were removed by the topic's retention before "
+                      "intake priced them; their events are not counted unless producers send "
+                      "them again (each is counted once)", tp.topic, tp.partition, start,
+                      kept_from - 1)
 
     async def _earlier_offsets(self, partitions: list[TopicPartition]
                                ) -> dict[TopicPartition, int]:

@@ -6,6 +6,8 @@ DESCRIPTIONS: dict[str, str] = {
     "events_total": "ledger entries counted into Redis: one per event, one per quantity "
                     "(tokens, steps, samples) of a progress event",
     "rejected_total": "input messages sent to the dead-letter topic, by reason",
+    "input_messages_expired_total": "input messages removed by their topic's retention "
+                                    "before intake priced them, by topic and partition",
     "batches_total": "Redis batch writes applied",
     "events_duplicate_total": "ledger entries ignored because their event was counted",
     "ledger_records_replayed_total": "ledger records skipped as already applied",

@@ -24,9 +24,17 @@ from collections.abc import Callable
 log = logging.getLogger("costline.worker")
 
 
+# The exit status of a stop cut short: not a clean stop, though nothing is lost.
+CUT_SHORT = 1
+# Past the deadline, how long writing the warning may take (a handler stuck on a full pipe
+# holds its lock) before the process exits without it.
+WARNING_S = 1.0
+
+
 def arm(seconds: float, exit_process: Callable[[int], object] = os._exit) -> threading.Timer:
-    """Start the deadline: ``exit_process(0)`` after ``seconds`` unless the process ends
-    first (the thread is a daemon, so it never holds the process up)."""
+    """Start the deadline: after ``seconds``, unless it is cancelled or the process ends
+    first (the thread is a daemon, so it never holds the process up), a warning and
+    ``exit_process(CUT_SHORT)``."""
     timer = threading.Timer(seconds, _expire, args=(seconds, exit_process))
     timer.name = "stop-deadline"
     timer.daemon = True
@@ -35,11 +43,14 @@ def arm(seconds: float, exit_process: Callable[[int], object] = os._exit) -> thr
 
 
 def _expire(seconds: float, exit_process: Callable[[int], object]) -> None:
-    log.warning("not stopped after %g s (COSTLINE_STOP_TIMEOUT_S): Kafka or Redis is not "
-                "answering. Exiting now; input not committed yet is read again by the next "
-                "worker and counted once", seconds)
+    fallback = threading.Timer(WARNING_S, exit_process, args=(CUT_SHORT,))
+    fallback.daemon = True
+    fallback.start()
+    log.warning("still stopping after %g s (COSTLINE_STOP_TIMEOUT_S; Kafka or Redis may not "
+                "be answering): exiting now. Input not committed yet is read again by the "
+                "next worker and counted once", seconds)
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    exit_process(0)
+    exit_process(CUT_SHORT)

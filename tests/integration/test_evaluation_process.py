@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -114,14 +115,40 @@ def test_a_child_ended_by_the_worker_s_stop_is_not_replaced(
         runner.evaluate(engine, T0, full=True)
         child = runner.pid
         assert child is not None
-        os.kill(child, signal.SIGTERM)
+        os.kill(child, signal.SIGTERM)  # what the signal to the group does to it
         stopping = True
         for _ in range(2):
             with pytest.raises(EvaluatorDied, match="stopping"):
                 runner.evaluate(engine, T0 + 60, full=True)
-        assert runner.pid in (None, child)
+        assert runner.pid == child, "a new evaluation process was started"
     finally:
         runner.close()
+
+
+def test_the_worker_s_stop_ends_an_evaluation_still_waiting_for_its_answer(
+        runner: ProcessRunner) -> None:
+    """The stop closes the pipe (in a thread of its own) while an evaluation waits on it in
+    another: the evaluation ends as stopped, not with an error of the closed pipe."""
+    engine = Engine.for_prices(NIGHTLY, PRICES)
+    runner.evaluate(engine, T0, full=True)
+    child = runner.pid
+    assert child is not None
+    os.kill(child, signal.SIGSTOP)  # it will not answer
+    outcome: list[BaseException] = []
+
+    def evaluate() -> None:
+        try:
+            runner.evaluate(engine, T0 + 60, full=True)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at what it was
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=evaluate)
+    waiting.start()
+    time.sleep(0.5)
+    runner.stop()  # kills the stopped child after its join times out
+    waiting.join(10)
+    assert [type(exc) for exc in outcome] == [EvaluatorDied], outcome
+    assert "stopping" in str(outcome[0])
 
 
 def test_a_redis_outage_crosses_as_a_redis_error(namespace: str) -> None:

@@ -6,10 +6,12 @@ did); a stopping worker delivers what is in flight before its last commit."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 
 from costline.streams.worker.input_takes import InputTakes
@@ -38,6 +40,7 @@ class Consumer:
     assigned: set[TopicPartition] = field(default_factory=set)
     listener: Any = None
     answers: asyncio.Event | None = None  # committed() waits for it, when set (Kafka slow)
+    kept_from: dict[TopicPartition, int] = field(default_factory=dict)  # retention's doing
 
     def subscribe(self, topics: list[str], listener: Any) -> None:
         self.listener = listener
@@ -94,6 +97,9 @@ class Consumer:
     def last_stable_offset(self, tp: TopicPartition) -> int:
         return self.logs.get(tp, 0)
 
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.kept_from.get(tp, 0) for tp in tps}
+
 
 def source(intake: Consumer, earlier: Consumer) -> InputTakes:
     groups = {intake.group: intake, earlier.group: earlier}
@@ -132,6 +138,23 @@ async def test_a_partition_never_committed_starts_where_the_faust_app_s_group_di
     assert intake.committed_ == {A: 10, B: 4}
     assert all(offset != 0 for commit in intake.commits for tp, offset in commit.items()
                if tp == A), "A was never committed at its reset position"
+
+
+async def test_messages_removed_before_intake_priced_them_are_reported(
+        caplog: pytest.LogCaptureFixture) -> None:
+    logs = {A: 10, B: 4}
+    # A committed at 2 but kept from 6 (4 removed); B never committed by either group: it
+    # starts at the beginning, whatever that is
+    intake = Consumer("ns-intake", logs, committed_={A: 2}, kept_from={A: 6, B: 3})
+    earlier = Consumer("ns-aggregator", logs)
+    takes = source(intake, earlier)
+    with caplog.at_level(logging.ERROR, logger="costline"):
+        await collect(takes, intake, [A, B], 12)
+    assert takes.metrics.value("input_messages_expired_total", topic=A.topic,
+                               partition="0") == 4
+    assert takes.metrics.value("input_messages_expired_total", topic=B.topic,
+                               partition="1") == 0
+    assert "t.usage.v1[0]: messages 2 to 5 were removed by the topic's retention" in caplog.text
 
 
 async def test_nothing_of_a_partition_is_fetched_or_committed_before_its_start_is_known(

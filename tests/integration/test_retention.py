@@ -1,8 +1,8 @@
-"""Past what the ledger keeps: Redis restored from a snapshot older than the ledger's retention
-(or down for longer) finds records removed before it counted them. They cannot be counted
-from the ledger any more, and the worker says so, by partition and offset, instead of
-starting silently at the ledger's first kept record; what the ledger still holds is counted
-exactly."""
+"""Past what Kafka keeps. Redis restored from a snapshot older than the ledger's retention (or
+down for longer) finds ledger records removed before it counted them; intake down for longer
+than the input topics keep messages finds input removed before it priced it. Neither can be
+counted from Kafka any more, and the worker says so, by partition and offset, instead of
+starting silently at the first kept record; what Kafka still holds is counted exactly."""
 
 from __future__ import annotations
 
@@ -49,12 +49,12 @@ def to_ledger(bootstrap: str, topic: str, events: list[dict[str, object]]) -> di
     return {home: 1 for home in records}
 
 
-def expired_by_partition(port: str) -> dict[str, float]:
+def expired_by_partition(port: str, series: str) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
     found = {}
     for line in text.splitlines():
-        if line.startswith("costline_ledger_records_expired_total{"):
+        if line.startswith(f"costline_{series}{{"):
             labels, value = line.rsplit(" ", 1)
             found[labels.split('partition="')[1].split('"')[0]] = float(value)
     return found
@@ -84,7 +84,7 @@ def test_records_removed_before_they_were_counted_are_reported(
     worker.start()
     try:
         wait_caught_up(env, worker)
-        assert expired_by_partition(env["COSTLINE_WEB_PORT"]) == {
+        assert expired_by_partition(env["COSTLINE_WEB_PORT"], "ledger_records_expired_total") == {
             str(p): float(n) for p, n in removed.items()}
         log = worker.log.read_text()
         for partition in removed:
@@ -95,3 +95,50 @@ def test_records_removed_before_they_were_counted_are_reported(
             "cost", ("team",), {}, DAY, DAY + 86400)
     finally:
         worker.stop()
+
+
+def test_input_removed_before_intake_priced_it_is_reported(
+        services, kafka_namespace: str, tmp_path: Path) -> None:
+    env = worker_env(kafka_namespace, services.bootstrap, services.redis_url,
+                     COSTLINE_PARTITIONS=str(PARTITIONS))
+    settings = settings_of(env)
+    create_topics(settings)
+    usage = TopicPartition(settings.topic("usage"), 0)
+    rng = random.Random(6)
+    counted, expected = [usage_event(rng, f"counted-{n}", DAY + n) for n in range(30)], Ledger()
+    for event in counted:
+        expected.count(event)
+    worker = Worker(env, tmp_path / "worker.log")
+    worker.start()
+    try:
+        send(services.bootstrap, usage, counted)
+        wait_caught_up(env, worker)
+        worker.stop()  # intake is down ...
+        send(services.bootstrap, usage, [usage_event(rng, f"gone-{n}", DAY + n)
+                                         for n in range(20)])
+        client = admin(services.bootstrap)
+        try:  # ... for longer than the topic keeps what was sent meanwhile
+            end = 30 + 20
+            client.delete_records({usage: end})
+        finally:
+            client.close()
+        worker.start()
+        wait_caught_up(env, worker)
+        assert expired_by_partition(env["COSTLINE_WEB_PORT"],
+                                    "input_messages_expired_total") == {"0": 20.0}
+        assert f"{usage.topic}[0]: messages 30 to 49 were removed by the topic's retention " \
+               "before intake priced them" in worker.log.read_text()
+        report = spend_json(env, "--period", "day", "--at", AT, "--by", "team")
+        assert rows_by_group(report, ("team",), "cost") == expected.total(
+            "cost", ("team",), {}, DAY, DAY + 86400)
+    finally:
+        worker.stop()
+
+
+def send(bootstrap: str, tp: TopicPartition, events: list[dict[str, object]]) -> None:
+    """One message per event, to ``tp``."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for event in events:
+        producer.send(tp.topic, json.dumps(event).encode(), partition=tp.partition)
+    producer.flush(30)
+    producer.close()
