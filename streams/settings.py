@@ -138,7 +138,8 @@ class Settings(BaseSettings):
     )
     stop_timeout_s: float = Field(
         25.0, gt=0, description="the longest a worker takes to stop: past it, with Kafka or "
-        "Redis not answering, it exits without leaving its groups (nothing is lost)"
+        "Redis not answering, it exits with status 1 without leaving its groups (nothing is "
+        "lost)"
     )
     state_dir: Path = Field(
         Path.home() / ".local" / "state" / "costline",

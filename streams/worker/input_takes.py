@@ -216,13 +216,14 @@ class InputTakes(ConsumerRebalanceListener):  # type: ignore[misc]
         down for longer than the input topics keep messages): Kafka then starts at the
         first kept one, and the events of those removed are not counted."""
         lost = 0 if kept_from is None else watermarks.expired(start, kept_from)
-        if lost and kept_from is not None:
-            self.metrics.inc("input_messages_expired_total", lost, topic=tp.topic,
-                             partition=str(tp.partition))
-            log.error("%s[%d]: messages %d to %d were removed by the topic's retention before "
-                      "intake priced them; their events are not counted unless producers send "
-                      "them again (each is counted once)", tp.topic, tp.partition, start,
-                      kept_from - 1)
+        if not lost:
+            return
+        self.metrics.inc("input_messages_expired_total", lost, topic=tp.topic,
+                         partition=str(tp.partition))
+        log.error("%s[%d]: messages %d to %d were removed by the topic's retention before "
+                  "intake priced them; their events are not counted unless producers send "
+                  "them again (each is counted once)", tp.topic, tp.partition, start,
+                  start + lost - 1)
 
     async def _earlier_offsets(self, partitions: list[TopicPartition]
                                ) -> dict[TopicPartition, int]:

@@ -1,4 +1,5 @@
-"""A stop that ends: a worker asked to stop exits within ``COSTLINE_STOP_TIMEOUT_S``.
+"""A stop that ends: a worker's stop (asked for, or after a crash) ends its process within
+``COSTLINE_STOP_TIMEOUT_S``.
 
 A graceful stop delivers the takes in flight, commits their input, writes the folded windows
 and leaves both consumer groups, and each of those waits on Kafka or Redis. With the broker
@@ -22,7 +23,6 @@ import threading
 from collections.abc import Callable
 
 log = logging.getLogger("costline.worker")
-
 
 # The exit status of a stop cut short: not a clean stop, though nothing is lost.
 CUT_SHORT = 1
