@@ -60,12 +60,18 @@ def expired_by_partition(port: str, series: str) -> dict[str, float]:
     return found
 
 
+def namespace_env(services, namespace: str) -> dict[str, str]:
+    """A worker's environment for the namespace, its topics created."""
+    env = worker_env(namespace, services.bootstrap, services.redis_url,
+                     COSTLINE_PARTITIONS=str(PARTITIONS))
+    create_topics(settings_of(env))
+    return env
+
+
 def test_records_removed_before_they_were_counted_are_reported(
         services, kafka_namespace: str, tmp_path: Path) -> None:
-    env = worker_env(kafka_namespace, services.bootstrap, services.redis_url,
-                     COSTLINE_PARTITIONS=str(PARTITIONS))
+    env = namespace_env(services, kafka_namespace)
     settings = settings_of(env)
-    create_topics(settings)
     ledger_topic = settings.topic("ledger")
     rng = random.Random(5)
     removed = to_ledger(services.bootstrap, ledger_topic,
@@ -99,10 +105,8 @@ def test_records_removed_before_they_were_counted_are_reported(
 
 def test_input_removed_before_intake_priced_it_is_reported(
         services, kafka_namespace: str, tmp_path: Path) -> None:
-    env = worker_env(kafka_namespace, services.bootstrap, services.redis_url,
-                     COSTLINE_PARTITIONS=str(PARTITIONS))
+    env = namespace_env(services, kafka_namespace)
     settings = settings_of(env)
-    create_topics(settings)
     usage = TopicPartition(settings.topic("usage"), 0)
     rng = random.Random(6)
     counted, expected = [usage_event(rng, f"counted-{n}", DAY + n) for n in range(30)], Ledger()
