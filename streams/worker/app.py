@@ -130,11 +130,7 @@ class Wiring:
                 await step()
             except REDIS_DOWN as exc:
                 self.health.failing("redis", exc)
-            except Exception as exc:  # noqa: BLE001 - one failed round must not stop the worker
-                if isinstance(exc, EvaluatorDied) and self.app.should_stop:
-                    # SIGTERM to the process group ended the evaluation process first
-                    log.info("%s ended by the stop: %s", name, exc)
-                    return
+            except Exception:  # noqa: BLE001 - one failed round must not stop the worker
                 self.metrics.inc(f"{name}_errors_total")
                 log.exception("%s failed", name)
         self.app.timer(interval=seconds, on_leader=on_leader)(single_flight(self.app, run, name))
@@ -275,7 +271,14 @@ class Wiring:
         reclaimer = build_reclaimer(self.settings, rules=evaluator.source.rules, sink=publish)
 
         async def evaluate() -> None:
-            evaluation = await evaluator.step()
+            try:
+                evaluation = await evaluator.step()
+            except EvaluatorDied as exc:
+                if not self.app.should_stop:
+                    raise
+                # SIGTERM to the process group ended the evaluation process first
+                log.info("evaluation ended by the stop: %s", exc)
+                return
             if evaluation is not None:
                 # Reused findings were submitted when they were found.
                 await reclaimer.submit(evaluation.evaluated(), evaluation.at)

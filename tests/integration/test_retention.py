@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import random
-import urllib.request
 from pathlib import Path
 
 import pytest
 from kafka import KafkaProducer, TopicPartition
 
+from bench.common import worker_series
 from costline.connectors.kafka import admin
 from costline.rules.events import parse_message
 from costline.rules.ledger import Intake
@@ -39,7 +39,7 @@ AT = "2026-11-28T12:00:00Z"
 
 
 def to_ledger(bootstrap: str, topic: str, events: list[dict[str, object]]) -> dict[int, int]:
-    """The events' ledger records, as intake writes them; how many went to each partition."""
+    """The events' ledger records, as intake writes them: one to each partition named."""
     parsed = parse_message(json.dumps(events).encode())
     records = Intake(PriceBook.load(DEFAULT_PRICES), PARTITIONS).records(parsed.events)
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
@@ -49,15 +49,19 @@ def to_ledger(bootstrap: str, topic: str, events: list[dict[str, object]]) -> di
     return {home: 1 for home in records}
 
 
-def expired_by_partition(port: str, series: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    found = {}
-    for line in text.splitlines():
-        if line.startswith(f"costline_{series}{{"):
-            labels, value = line.rsplit(" ", 1)
-            found[labels.split('partition="')[1].split('"')[0]] = float(value)
-    return found
+def expired(worker: Worker, series: str) -> dict[str, float]:
+    """The worker's ``costline_<series>`` by partition."""
+    return {labels["partition"]: value for name, labels, value in worker_series(worker)
+            if name == f"costline_{series}"}
+
+
+def remove_before(bootstrap: str, offsets: dict[TopicPartition, int]) -> None:
+    """What retention does once records are old enough: the log begins at ``offsets``."""
+    client = admin(bootstrap)
+    try:
+        client.delete_records(offsets)
+    finally:
+        client.close()
 
 
 def namespace_env(services, namespace: str) -> dict[str, str]:
@@ -76,11 +80,8 @@ def test_records_removed_before_they_were_counted_are_reported(
     rng = random.Random(5)
     removed = to_ledger(services.bootstrap, ledger_topic,
                         [usage_event(rng, f"gone-{n}", DAY + n) for n in range(40)])
-    client = admin(services.bootstrap)
-    try:  # what retention does once the records are old enough
-        client.delete_records({TopicPartition(ledger_topic, p): n for p, n in removed.items()})
-    finally:
-        client.close()
+    remove_before(services.bootstrap,
+                  {TopicPartition(ledger_topic, p): n for p, n in removed.items()})
     kept, expected = [usage_event(rng, f"kept-{n}", DAY + n) for n in range(40)], Ledger()
     for event in kept:
         expected.count(event)
@@ -90,7 +91,7 @@ def test_records_removed_before_they_were_counted_are_reported(
     worker.start()
     try:
         wait_caught_up(env, worker)
-        assert expired_by_partition(env["COSTLINE_WEB_PORT"], "ledger_records_expired_total") == {
+        assert expired(worker, "ledger_records_expired_total") == {
             str(p): float(n) for p, n in removed.items()}
         log = worker.log.read_text()
         for partition in removed:
@@ -120,16 +121,10 @@ def test_input_removed_before_intake_priced_it_is_reported(
         worker.stop()  # intake is down ...
         send(services.bootstrap, usage, [usage_event(rng, f"gone-{n}", DAY + n)
                                          for n in range(20)])
-        client = admin(services.bootstrap)
-        try:  # ... for longer than the topic keeps what was sent meanwhile
-            end = 30 + 20
-            client.delete_records({usage: end})
-        finally:
-            client.close()
+        remove_before(services.bootstrap, {usage: 30 + 20})  # ... for longer than it is kept
         worker.start()
         wait_caught_up(env, worker)
-        assert expired_by_partition(env["COSTLINE_WEB_PORT"],
-                                    "input_messages_expired_total") == {"0": 20.0}
+        assert expired(worker, "input_messages_expired_total") == {"0": 20.0}
         assert f"{usage.topic}[0]: messages 30 to 49 were removed by the topic's retention " \
                "before intake priced them" in worker.log.read_text()
         report = spend_json(env, "--period", "day", "--at", AT, "--by", "team")
