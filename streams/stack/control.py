@@ -3,6 +3,7 @@
 Every operation works on one state folder and only on what that folder's pid files describe,
 so it never stops a process it did not start. ``up`` is all or nothing: when one service
 fails to answer, the ones this call started are stopped again and the error names the log.
+A service whose process ends while starting is started once more (``START_ATTEMPTS``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from costline.streams.stack.errors import StackError
+from costline.streams.stack.errors import ExitedWhileStarting, StackError
 from costline.streams.stack.layout import Layout
 from costline.streams.stack.process import (
     ProcessRecord,
@@ -31,6 +32,11 @@ from costline.streams.stack.services import NONE, SERVICES, Service, service_for
 
 Report = Callable[[str], None]
 LOOPBACK = "127.0.0.1"
+# A process that ends before it answers is started once more. A port picked as free can be
+# taken before the service binds it (outgoing connections draw from the same ephemeral range),
+# and a start that dies at once is not worth failing a whole ``up`` for; a service that fails
+# twice is reported with both attempts in its log.
+START_ATTEMPTS = 2
 
 
 def _quiet(_: str) -> None:
@@ -177,7 +183,7 @@ def _await(service: Service, record: ProcessRecord, report: Report) -> None:
     wait_until(lambda: service.answers() or not is_running(record), service.start_timeout_s, 0.2)
     log = service.log_file
     if not is_running(record):
-        raise StackError(
+        raise ExitedWhileStarting(
             f"{service.name} exited while starting; see {log}:\n{log_tail(log)}"
         )
     if not service.answers():
@@ -243,11 +249,18 @@ def up(
               if flavor != NONE]
     with layout.locked():
         layout.create()
-        plans = [_plan(layout, cls, port, host) for cls, port in wanted]
-        fresh = [plan.service for plan in plans if plan.running is None]
-        for service in fresh:
-            _check_ports(service)
-        _start_all(layout, plans, report)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            plans = [_plan(layout, cls, port, host) for cls, port in wanted]
+            for plan in plans:
+                if plan.running is None:
+                    _check_ports(plan.service)
+            try:
+                _start_all(layout, plans, report)
+                break
+            except ExitedWhileStarting as error:
+                if attempt == START_ATTEMPTS:
+                    raise
+                report(f"{str(error).splitlines()[0]}; starting once more")
         specs = [_spec_of(layout, plan.service.name) for plan in plans]
         return StackInfo([_state(layout, spec) for spec in specs], _exports(layout, specs))
 

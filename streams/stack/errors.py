@@ -5,3 +5,7 @@ from __future__ import annotations
 
 class StackError(RuntimeError):
     """A local service could not be prepared, started, found or stopped."""
+
+
+class ExitedWhileStarting(StackError):
+    """A service's process ended before it answered (its log may say why, or be empty)."""

@@ -57,7 +57,8 @@ class Worker:
 
     def kill9(self) -> None:
         assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:  # once reaped, its pid may be another process group's
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
     def stop(self) -> None:

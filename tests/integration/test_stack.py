@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from costline.connectors.kafka import TopicSpec, admin, broker_info, ensure_topics
 from costline.streams import stack
 from costline.streams.stack.process import is_running
+from costline.streams.stack.services import SERVICES, Service, register
 from tests.conftest import unavailable
 from tests.integration.conftest import StackUp, pids_of
 
@@ -188,3 +190,61 @@ def test_the_broker_under_test_reports_its_version(
     assert info.api_keys > 0 and info.version
     if os.environ.get("COSTLINE_EXPECT_APACHE_KAFKA") == "1":
         assert info.implementation.startswith("Apache Kafka"), info.describe()
+
+
+# Exits at once on its first start (as a service whose port was taken meanwhile does), then
+# listens on its port.
+ONCE_DEAD = """\
+import pathlib, socket, sys, time
+marker, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if not pathlib.Path(marker).exists():
+    pathlib.Path(marker).touch()
+    sys.exit(3)
+with socket.create_server((host, port)) as server:
+    while True:
+        server.accept()[0].close()
+"""
+
+
+class OnceDead(Service):
+    name = "once-dead"
+    role = "redis"
+    flavor = "once-dead"
+    default_port = 0
+    start_timeout_s = 10.0
+
+    def argv(self) -> list[str]:
+        marker = self.layout.root / "once-dead.started"
+        return [sys.executable, "-c", ONCE_DEAD, str(marker), self.host, str(self.port)]
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def exports(self) -> dict[str, str]:
+        return {}
+
+
+@pytest.fixture
+def once_dead() -> Iterator[None]:
+    register(OnceDead)
+    yield
+    del SERVICES[OnceDead.name]
+
+
+def test_a_service_that_dies_while_starting_is_started_once_more_on_a_fresh_port(
+        once_dead: None, private_stack: tuple[Path, StackUp]) -> None:
+    state, up = private_stack
+    said: list[str] = []
+    info = up(kafka="none", redis="once-dead", report=said.append)
+    [service] = info.services
+    assert service.state == "running"
+    first, second = [line for line in said if line.startswith("once-dead: starting on ")]
+    assert first != second  # a port picked as free is picked again
+    assert any("once-dead exited while starting" in line and "once more" in line for line in said)
