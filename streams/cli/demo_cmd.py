@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
         keep: bool = typer.Option(False, help="Leave the stack running afterwards."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
-        """Run the pipeline on the embedded stack with a realistic cluster scenario."""
+        """Run the pipeline on the embedded stack with a realistic cluster scenario.
+
+        Exits 1 when what was counted is not, to the micro-unit, what was played."""
         from costline.streams.cli.root import settings_of
         from costline.streams.demo.run import Demo
 
@@ -30,3 +32,5 @@ def register(app: typer.Typer) -> None:
                        quiet=as_json).run()
         if as_json:
             typer.echo(json.dumps(summary, indent=2))
+        if not summary["exactness"]["equal"]:
+            raise typer.Exit(1)

@@ -19,12 +19,12 @@ budgets then see the part of those days that falls in their period.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from costline.streams.demo import training
+from costline.streams.demo.training import hours
 
 HOUR = 3600
 INTERRUPTIONS_PER_GPU_DAY = 419 / (54 * 16384)
@@ -45,13 +45,6 @@ def _usage(event_id: str, ts: float, resource_id: str, resource_type: str, unit:
     return {"event_id": event_id, "kind": "usage", "ts": round(ts, 3),
             "resource_id": resource_id, "resource_type": resource_type, "unit": unit,
             "quantity": quantity, "tags": tags}
-
-
-def _hours(start: float, end: float) -> Iterator[float]:
-    t = start - start % HOUR
-    while t + HOUR <= end:
-        yield t
-        t += HOUR
 
 
 DEV_BOXES = [("dev-gpu-01", "erin", 0.01), ("dev-gpu-02", "farid", 0.02),
@@ -92,7 +85,7 @@ PRETRAIN = {"project": "llm-70b", "team": "pretrain", "env": "prod", "stage": "p
 
 def _pretraining(s: Scenario, rng: random.Random) -> None:
     nodes = 64
-    for hour in _hours(s.start, s.now):
+    for hour in hours(s.start, s.now):
         for node in range(nodes):
             s.usage.append(_usage(f"pt-{int(hour)}-{node}", hour + 60, f"cluster-a/node-{node:03d}",
                                   "gpu.h100", "gpu_hour", 8.0, PRETRAIN))
@@ -141,7 +134,7 @@ def _dev_boxes(s: Scenario, rng: random.Random, slurm_jobs: dict[str, str]) -> N
                 "owner": owner, "job": f"notebook-{owner}", "units": str(GPUS_PER_BOX)}
         if box in slurm_jobs:
             tags["slurm_job_id"] = slurm_jobs[box]
-        for hour in _hours(s.now - 14 * HOUR, s.now):
+        for hour in hours(s.now - 14 * HOUR, s.now):
             s.usage.append(_usage(f"dev-{box}-{int(hour)}", hour, f"lab/{box}", "gpu.a100",
                                   "gpu_hour", float(GPUS_PER_BOX), tags))
         samples = []
@@ -177,7 +170,7 @@ def _sweep(s: Scenario) -> None:
 def _logs(s: Scenario, rng: random.Random) -> None:
     tags = {"project": "llm-70b", "team": "pretrain", "env": "prod", "job": "run-42",
             "owner": "alice"}
-    for hour in _hours(s.now - 48 * HOUR, s.now - HOUR):
+    for hour in hours(s.now - 48 * HOUR, s.now - HOUR):
         s.usage.append(_usage(f"log-{int(hour)}", hour + 300, "logging/cluster-a",
                               "logs.ingest", "gb", round(rng.uniform(1.5, 2.5), 3), tags))
     for minute in range(40, 0, -1):
@@ -199,7 +192,7 @@ def _checkpoints(s: Scenario, rng: random.Random) -> None:
     tags = {"project": "llm-70b", "team": "pretrain", "env": "prod", "stage": "pretrain"}
     steady_gb = 40 * CHECKPOINT_TB * 1000
     broke = s.now - RETENTION_BROKE_H * HOUR
-    for hour in _hours(s.start, s.now):
+    for hour in hours(s.start, s.now):
         # The parallel file system is provisioned, not metered: fixed spend.
         s.usage.append(_usage(f"pfs-{int(hour)}", hour + 900, "lustre/scratch-a",
                               "storage.parallel_fs", "gb_hour", 250_000.0, tags))

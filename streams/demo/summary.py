@@ -37,9 +37,22 @@ def print_summary(out: Console, summary: dict[str, Any], days: int) -> None:
     if summary.get("enforcement"):
         out.print(summary["enforcement"])
     print_training(out, summary)
+    out.print(exactness_text(summary["exactness"], currency))
     sent = summary["slack_messages"]
     out.print(f"Slack messages posted: {sent if sent is not None else 'see Slack'} · "
               f"done in {summary['seconds']} s · namespace {summary['namespace']}")
+
+
+def exactness_text(exactness: dict[str, Any], currency: str) -> str:
+    """Whether what was counted is what was played, to the micro-unit."""
+    figures = exactness["measures"]
+    if exactness["equal"]:
+        return ("[bold green]Counted exactly what was played[/], to the micro-unit, each event "
+                "once: " + ", ".join(f"{measure} {money(Decimal(f['counted']), currency)}"
+                                     for measure, f in figures.items()))
+    return ("[bold red]Counted is not what was played[/]: " + "; ".join(
+        f"{measure} counted {f['counted']}, played {f['played']}"
+        for measure, f in figures.items() if f["counted"] != f["played"]))
 
 
 def span_text(start: float, end: float, zone: str) -> str:

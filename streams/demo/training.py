@@ -16,6 +16,7 @@ lifecycle's filesystem connector finds real files to plan on.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,23 @@ MILESTONE_DAYS = (9, 8, 5, 3)
 DEFAULT_ROOT = Path("/lustre/checkpoints")
 
 
+def hours(start: float, end: float) -> Iterator[float]:
+    """The whole hours within [start, end]: what the demo plays lies in the period it sums."""
+    hour = start - start % HOUR
+    if hour < start:
+        hour += HOUR
+    while hour + HOUR <= end:
+        yield hour
+        hour += HOUR
+
+
 def progress(start: float, now: float, broke: float, tags: dict[str, str]) -> list[dict[str, Any]]:
     """One progress event an hour: steps at full speed less the checkpoint stalls of that
     hour, and less a fifth in the hours of the slow node; stamped with the hour's GPU usage,
     so any window holds the spend and the tokens of the same hours."""
     events = []
-    hour = start - start % HOUR
     reached = 0
-    while hour + HOUR <= now:
+    for hour in hours(start, now):
         interval = AFTER_S if hour + 1800 > broke else BEFORE_S
         pace = (1 - WRITE_S / interval) * (SLOW_PACE if hour + HOUR > now - SLOW_H * HOUR else 1)
         steps = round(STEPS_PER_HOUR * pace)
@@ -47,7 +57,6 @@ def progress(start: float, now: float, broke: float, tags: dict[str, str]) -> li
         events.append({"event_id": f"pt-progress-{int(hour)}", "kind": "progress",
                        "ts": hour + 60, "step": reached, "steps": steps,
                        "tokens": steps * TOKENS_PER_STEP, "tags": tags})
-        hour += HOUR
     return events
 
 
