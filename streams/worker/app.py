@@ -55,6 +55,7 @@ from costline.streams.worker.enforce_alerts import enforcement_alert
 from costline.streams.worker.enforcer import EnforceActions, Enforcer, build_enforcer
 from costline.streams.worker.evaluation_process import EvaluatorDied, ProcessRunner
 from costline.streams.worker.evaluator import Evaluator, RuleSource
+from costline.streams.worker.eviction_watch import EvictionWatch
 from costline.streams.worker.faust_app import faust_app
 from costline.streams.worker.health import Health
 from costline.streams.worker.input_takes import InputTakes
@@ -231,6 +232,9 @@ class Wiring:
             else:
                 self.health.recovered("bucket_zone")
         self.every(WATERMARK_CHECK_S, "zone_record", record_zone)
+        eviction = EvictionWatch(self.sync_redis, self.health)
+        self.metrics.gauge("redis_evicting_nodes", lambda: {(): float(eviction.evicting)})
+        self.every(WATERMARK_CHECK_S, "eviction_check", eviction.check)
         return aggregation
 
     def alerting(self, source: InputTakes, aggregation: Aggregation) -> Evaluator:

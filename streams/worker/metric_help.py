@@ -15,6 +15,8 @@ DESCRIPTIONS: dict[str, str] = {
     "ledger_records_expired_total": "ledger records removed by the ledger's retention "
                                     "before Redis counted them, by partition",
     "redis_apply_seconds": "latency of one batch write to Redis",
+    "redis_evicting_nodes": "Redis servers that may evict costline's keys (a "
+                            "maxmemory-policy other than noeviction under a maxmemory)",
     "evaluations_total": "rule evaluations run",
     "alert_changes_total": "alert state changes published",
     "notifier_deliveries_total": "alert changes handled by each notifier, by outcome "
