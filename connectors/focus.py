@@ -84,13 +84,23 @@ class FocusFormatError(ValueError):
 
 
 class SkipReason(StrEnum):
-    """Why a row produced no event: each is a fault in the row, never a choice of the import."""
+    """Why a row produced no event: a fault in the row, except ``open`` (``HELD``)."""
 
     null_cost = "null_cost"
     bad_cost = "bad_cost"
     bad_timestamp = "bad_timestamp"
     future = "future"  # an hour of the charge starts more than 10 minutes ahead: refused
     no_rate = "no_rate"  # another currency, and the price book has no rate for it then
+    # A usage-based charge whose period is not over: the provider's amount still grows, and
+    # the row's id (its identity, amounts apart) would keep the first one. Held, not faulty:
+    # the row counts when the file is imported again after its period ends.
+    open = "open"
+
+
+HELD = frozenset({SkipReason.open})
+"""Skips that are no fault of the row: they do not fail the import."""
+# FOCUS ChargeFrequency: the charges whose amount accrues over their period.
+ACCRUING = "Usage-Based"
 
 
 # -- the price book entries the events need ------------------------------------------------
@@ -312,10 +322,21 @@ class FocusConverter:
         micro = to_micro(amount)
         if hours[-1].timestamp() > self.now + MAX_FUTURE_S:
             return Skipped(SkipReason.future, micro, self.currency)
+        if self._still_accruing(row):
+            return Skipped(SkipReason.open, micro, self.currency)
         event = self._event(row, hours[0], micro, currency)
         if len(hours) == 1:
             return Converted(event, micro)
         return Converted(event, micro, self._pieces(event, hours, micro))
+
+    def _still_accruing(self, row: Mapping[str, str]) -> bool:
+        """A usage-based charge (or one that does not say) whose period ends after now."""
+        if (row.get("ChargeFrequency") or ACCRUING) != ACCRUING:
+            return False  # a recurring fee or a one-time charge is stated whole
+        try:
+            return parse_time(row.get("ChargePeriodEnd") or "").timestamp() > self.now
+        except ValueError:  # no end, or not a time: judged by its start alone, as before
+            return False
 
     def _hours(self, row: Mapping[str, str]) -> list[datetime]:
         """When the row's event or events are: its ChargePeriodStart, or with ``spread`` the

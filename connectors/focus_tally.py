@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from costline.connectors.focus import Converted, Skipped, SkipReason
+from costline.connectors.focus import HELD, Converted, Skipped, SkipReason
 from costline.rules.money import money_micro
 from costline.rules.prices import format_micro
 
@@ -45,8 +45,8 @@ class ImportTally:
 
     @property
     def invalid_rows(self) -> int:
-        """Rows skipped: every one is a fault in the data."""
-        return sum(self.skipped_rows.values())
+        """Rows skipped for a fault in the data (held rows are not)."""
+        return sum(n for reason, n in self.skipped_rows.items() if reason not in HELD)
 
     def skipped_text(self, reason: SkipReason) -> str:
         """A skip's total for people, in each currency it has: ``-$3.00, €12.50``."""

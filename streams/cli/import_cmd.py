@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 
 from costline.connectors.focus import (
+    HELD,
     Converted,
     CostBasis,
     FocusConverter,
@@ -227,6 +228,11 @@ class ImportReport:
             typer.echo(f"sent {_count(self.sent.sent_events, 'event')} in "
                        f"{_count(self.sent.sent_messages, 'message')}: {amounts}")
         for reason, rows in sorted(tally.skipped_rows.items()):
+            if reason in HELD:
+                typer.echo(f"  held {_count(rows, 'row')} ({reason.value}): "
+                           f"{tally.skipped_text(reason)} of usage-based charges whose period "
+                           "is not over; import the file again once it is")
+                continue
             typer.echo(f"  skipped {_count(rows, 'row')} ({reason.value}): "
                        f"{tally.skipped_text(reason)} not counted")
         for name, number in sorted(self.warnings.items()):
@@ -282,7 +288,8 @@ def focus(
     Credits, refunds and corrections count with their sign; a row in another currency is
     converted with the price book's rates. Only rows that cannot be counted are skipped (NULL
     or non-numeric cost, a bad time, a currency without a rate): reported with their count and
-    total. Exit code 1 when rows were skipped, 2 when Kafka did not take every event.
+    total. A usage-based charge whose period is not over is held until a later import. Exit
+    code 1 when rows were skipped (held ones aside), 2 when Kafka did not take every event.
     """
     if not file.is_file():
         _err.print(f"[bold red]costline import:[/] {file}: no such file")

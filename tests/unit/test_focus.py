@@ -47,7 +47,7 @@ from costline.streams.cli.import_cmd import PartitionBatcher, partition_of
 
 SAMPLE = Path("/work/shared/data/focus/focus_1.0_sample_1000.csv")
 REPO = Path(__file__).resolve().parents[2]
-NOW = 1795852800.0  # 2026-11-28T00:00:00Z
+NOW = 1795852800.0  # 2026-11-28T08:00:00Z
 needs_sample = pytest.mark.skipif(not SAMPLE.is_file(), reason=f"no FOCUS sample at {SAMPLE}")
 
 
@@ -306,6 +306,45 @@ def test_spreading_needs_the_charge_period_end_column(tmp_path: Path) -> None:
     path.write_text(csv_text([{k: v for k, v in row().items() if k != "ChargePeriodEnd"}]))
     with open_focus(path) as (text, _), pytest.raises(FocusFormatError, match="ChargePeriodEnd"):
         list(read_rows(text, CostBasis.effective, spread=True))
+
+
+# -- charges still accruing ------------------------------------------------------------------------
+
+# NOW is 2026-11-28T08:00:00Z: a daily row of the 28th is not over.
+TODAY = {"ChargePeriodStart": "2026-11-28 00:00:00", "ChargePeriodEnd": "2026-11-29 00:00:00"}
+
+
+@pytest.mark.parametrize(("cells", "held"), [
+    (TODAY, True),                                                     # a usage-based charge
+    ({**TODAY, "ChargeFrequency": "Usage-Based"}, True),
+    ({**TODAY, "ChargeFrequency": "Recurring"}, False),                # a fee is stated whole
+    ({**TODAY, "ChargeFrequency": "One-Time"}, False),
+    ({**TODAY, "ChargePeriodEnd": "2026-11-28 08:00:00"}, False),     # over, just now
+    ({**TODAY, "ChargePeriodEnd": "NULL"}, False),                     # judged by its start
+])
+def test_a_usage_based_charge_whose_period_is_not_over_is_held(
+    cells: dict[str, str], held: bool,
+) -> None:
+    outcome = convert(**cells)
+    if held:
+        assert outcome == Skipped(SkipReason.open, 10_250_000, "USD")
+    else:
+        assert isinstance(outcome, Converted)
+
+
+def test_a_held_row_counts_with_its_final_amount_when_imported_after_its_period() -> None:
+    """A month-to-date export imported daily: the row of the day still running is held, so the
+    id it will have is not spent on a partial amount; the next day's export counts it whole."""
+    partial = FocusConverter(CostBasis.effective, "USD", now=NOW).convert(
+        row(**TODAY, EffectiveCost="3.10"))
+    final = FocusConverter(CostBasis.effective, "USD", now=NOW + 86400).convert(
+        row(**TODAY, EffectiveCost="24.00"))
+    assert isinstance(partial, Skipped) and partial.reason is SkipReason.open
+    assert isinstance(final, Converted) and final.micro == 24_000_000
+    tally = ImportTally()
+    tally.count(partial)
+    assert tally.invalid_rows == 0  # held is not a fault: the import does not fail for it
+    assert tally.as_dict()["skipped"] == {"open": {"rows": 1, "cost": {"USD": "3.100000"}}}
 
 
 # -- the tally ------------------------------------------------------------------------------------
@@ -576,3 +615,20 @@ def test_rows_that_cannot_be_counted_make_exit_code_1_and_are_told(tmp_path: Pat
     assert result.exit_code == 1, result.output
     assert "skipped 1 row (no_rate): £10.25 not counted" in result.stdout
     assert "skipped 1 row (null_cost): $0.00 not counted" in result.stdout
+
+
+def test_rows_still_accruing_are_told_as_held_and_do_not_fail_the_import(tmp_path: Path) -> None:
+    path = tmp_path / "month-to-date.csv"
+    far = {"ChargePeriodStart": "2099-01-01 00:00:00", "ChargePeriodEnd": "2099-01-02 00:00:00"}
+    running = {"ChargePeriodStart": "2020-01-01 00:00:00",
+               "ChargePeriodEnd": "2099-01-01 00:00:00"}  # started long ago, not over
+    path.write_text(csv_text([row(ChargeFrequency="Usage-Based"),
+                              row(**running, ResourceId="i-1", ChargeFrequency="Usage-Based"),
+                              row(**running, ResourceId="i-2", ChargeFrequency="Recurring")]))
+    result = cli("import", "focus", str(path), "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "held 1 row (open): $10.25 of usage-based charges whose period is not over" \
+        in result.stdout
+    assert "dry run: would send 2 events" in result.stdout
+    path.write_text(csv_text([row(**far)]))  # a start ahead is still a fault of the row
+    assert cli("import", "focus", str(path), "--dry-run").exit_code == 1
