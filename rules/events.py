@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, TypeAlias, get_args
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -102,6 +103,18 @@ Timestamp = Annotated[
 ]
 
 
+def _whole(value: Any) -> Any:
+    """A whole number written as a float (``512.0``: Python's json writes any float so) is that
+    integer. Past 2^53 a float may have lost digits its text had, so it stays refused."""
+    if type(value) is float and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+WHOLE = BeforeValidator(_whole)
+"""Counts (accelerators, tokens, steps, bytes) also taken as a whole float; 512.5 is refused."""
+
+
 class _Event(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -156,7 +169,7 @@ class FaultEvent(_Event):
     kind: Literal["fault"]
     fault: FaultType
     resource_type: ResourceType
-    units: Annotated[int, Field(ge=1, le=1_000_000)]
+    units: Annotated[int, WHOLE, Field(ge=1, le=1_000_000)]
     lost_seconds: NonNegative
     recovery_seconds: NonNegative
     resource_id: ResourceId | None = None
@@ -174,7 +187,7 @@ def _names_a_run(tags: dict[str, str]) -> dict[str, str]:
 
 
 RunTags = Annotated[Tags, AfterValidator(_names_a_run)]
-Count = Annotated[int, Field(ge=0, le=10**15)]
+Count = Annotated[int, WHOLE, Field(ge=0, le=10**15)]
 
 
 class ProgressEvent(_Event):
@@ -185,7 +198,7 @@ class ProgressEvent(_Event):
     tags: RunTags
     step: Count
     tokens: Count
-    steps: Annotated[int, Field(ge=1, le=10**9)] = 1
+    steps: Annotated[int, WHOLE, Field(ge=1, le=10**9)] = 1
     samples: Count | None = None
 
 
@@ -199,7 +212,7 @@ class CheckpointEvent(_Event):
     location: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
     checkpoint_id: ResourceId | None = None
     step: Count
-    bytes: Annotated[int, Field(ge=0, le=10**18)]
+    bytes: Annotated[int, WHOLE, Field(ge=0, le=10**18)]
     tier: ResourceType
     write_seconds: NonNegative = 0.0
 
@@ -384,6 +397,7 @@ def _at(index: int, batch: bool) -> str:
 
 
 _OPENERS = (b"{", b"[")
+_BOM = b"\xef\xbb\xbf"
 
 
 def _out_of_range(ts: float, index: int, batch: bool) -> Rejection:
@@ -400,7 +414,9 @@ def parse_message(raw: bytes, now: float | None = None) -> Parsed | Rejection:
     """
     try:
         head = raw[:1]
-        if head not in _OPENERS:  # leading whitespace: rare, so copied only then
+        if head not in _OPENERS:  # leading whitespace or a byte order mark: rare, so copied
+            # only then. RFC 8259 lets a parser ignore a UTF-8 BOM, which some writers add.
+            raw = raw.removeprefix(_BOM)
             head = raw.lstrip()[:1]
         batch = head == b"["
         try:

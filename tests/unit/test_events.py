@@ -192,6 +192,21 @@ def test_whitespace_before_a_message_does_not_change_what_it_is(padding):
     assert (batch.batch, len(batch.events)) == (True, 2)
 
 
+@pytest.mark.parametrize("padding", [b"\xef\xbb\xbf", b"\xef\xbb\xbf\n "])
+def test_a_byte_order_mark_before_a_message_is_ignored_as_rfc_8259_allows(padding):
+    single = accepted(padding + encode(usage()))
+    batch = accepted(padding + encode([usage(), usage(event_id="u-2")]))
+    assert (single.batch, len(single.events), batch.batch, len(batch.events)) == (
+        False, 1, True, 2)
+
+
+def test_a_whole_number_written_as_a_float_is_that_number():
+    """``512.0`` is what Python's json writes for a float that holds 512: the same count."""
+    [written_float] = accepted(fault(units=512.0)).events
+    [written_int] = accepted(fault()).events
+    assert written_float == written_int and type(written_float.units) is int
+
+
 def test_a_batch_may_mix_the_three_kinds():
     parsed = accepted([usage(), utilization(), fault()])
     assert [type(e) for e in parsed.events] == [UsageEvent, UtilizationEvent, FaultEvent]
@@ -261,8 +276,12 @@ INVALID = [
                  id="quantity-true"),
     pytest.param(usage(quantity="8"), "bad_type", ["field quantity: ", "valid number"],
                  id="quantity-string"),
-    pytest.param(fault(units=512.0), "bad_type", ["field units: ", "valid integer"],
-                 id="units-float"),
+    pytest.param(fault(units=512.5), "bad_type", ["field units: ", "valid integer"],
+                 id="units-fraction"),
+    pytest.param(fault(units=True), "bad_type", ["field units: ", "valid integer"],
+                 id="units-bool"),
+    pytest.param(fault(units=1e300), "bad_type", ["field units: ", "valid integer"],
+                 id="units-float-past-2-53"),
     pytest.param(usage(tags=["project"]), "bad_type", ["field tags: ", "an object"],
                  id="tags-list"),
     pytest.param(usage(colour="red"), "unknown_field",
