@@ -13,7 +13,7 @@ import csv
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -180,7 +180,7 @@ def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter, tal
 class ImportReport:
     """The summary printed at the end: the tally, what Kafka took, how fast."""
 
-    file: str
+    files: list[str]
     basis: CostBasis
     currency: str
     dry_run: bool
@@ -194,7 +194,8 @@ class ImportReport:
     def as_dict(self) -> dict[str, Any]:
         sent = self.sent.as_dict()
         return {
-            "file": self.file,
+            "file": self.files[0],  # the first of ``files``, for readers of one file
+            "files": self.files,
             "cost_basis": self.basis.value,
             "currency": self.currency,
             "dry_run": self.dry_run,
@@ -217,7 +218,7 @@ class ImportReport:
         def money(micro: int) -> str:
             return money_micro(micro, self.currency)
 
-        typer.echo(f"read {_count(tally.rows, 'row')} of {self.file} "
+        typer.echo(f"read {_count(tally.rows, 'row')} of {', '.join(self.files)} "
                    f"({self.basis.column}) in {self.seconds:.2f}s")
         amounts = (f"{money(tally.cost_micro)} net "
                    f"({money(tally.cost_micro + tally.credits_micro)} gross, "
@@ -245,8 +246,18 @@ class ImportReport:
                        "the worker would refuse these events")
 
 
-def _run_import(ctx: typer.Context, file: Path, basis: CostBasis, dry_run: bool, batch: int,
-                show_progress: bool, spread: bool = False) -> ImportReport:
+UNREADABLE = (FocusFormatError, csv.Error, UnicodeDecodeError, OSError)
+
+
+class FileFailed(Exception):
+    """A file of the import could not be read: which one, and why."""
+
+    def __init__(self, file: Path, cause: Exception) -> None:
+        super().__init__(f"{file}: {cause}")
+
+
+def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run: bool,
+                batch: int, show_progress: bool, spread: bool = False) -> ImportReport:
     book = _price_book(ctx)
     missing = missing_prices(book)
     if missing and not dry_run:
@@ -254,14 +265,18 @@ def _run_import(ctx: typer.Context, file: Path, basis: CostBasis, dry_run: bool,
     converter = FocusConverter(basis, book.currency, rates=book.rates, spread=spread)
     tally, sent = ImportTally(), Summary()
     began = time.perf_counter()
-    bar, advance = _progress([str(file)], show_progress)
-    with open_focus(file) as (source, raw), bar:
-        if dry_run:
-            convert_file(source, raw, converter, tally, None, advance)
-        else:
-            with usage_stream(ctx, sent, batch) as stream:
-                convert_file(source, raw, converter, tally, stream.emit, advance)
-    return ImportReport(str(file), basis, book.currency, dry_run, tally, sent,
+    bar, advance = _progress([str(file) for file in files], show_progress)
+    # One converter for every part of an export: rows of one identity in different parts are
+    # distinct charges, numbered across the parts as within one file.
+    with bar, (nullcontext(None) if dry_run else usage_stream(ctx, sent, batch)) as stream:
+        for file in files:
+            try:
+                with open_focus(file) as (source, raw):
+                    convert_file(source, raw, converter, tally,
+                                 None if stream is None else stream.emit, advance)
+            except UNREADABLE as exc:
+                raise FileFailed(file, exc) from exc
+    return ImportReport([str(file) for file in files], basis, book.currency, dry_run, tally, sent,
                         dict(converter.warnings), time.perf_counter() - began, sorted(missing),
                         spread)
 
@@ -273,7 +288,8 @@ import_app = typer.Typer(name="import", help="Import billing data as usage event
 @import_app.command("focus")
 def focus(
     ctx: typer.Context,
-    file: Path = typer.Argument(..., metavar="FILE.csv[.gz]", help="A FOCUS 1.0 export."),
+    files: list[Path] = typer.Argument(..., metavar="FILE.csv[.gz]...", help="A FOCUS 1.0 "
+                                       "export: every part of it, when it comes in parts."),
     cost: CostBasis = typer.Option(
         CostBasis.effective, "--cost", help="effective: EffectiveCost (commitments amortised); "
         "billed: BilledCost (as invoiced)."),
@@ -291,14 +307,15 @@ def focus(
     total. A usage-based charge whose period is not over is held until a later import. Exit
     code 1 when rows were skipped (held ones aside), 2 when Kafka did not take every event.
     """
-    if not file.is_file():
-        _err.print(f"[bold red]costline import:[/] {file}: no such file")
-        raise typer.Exit(2)
+    for file in files:
+        if not file.is_file():
+            _err.print(f"[bold red]costline import:[/] {file}: no such file")
+            raise typer.Exit(2)
     try:
-        report = _run_import(ctx, file, cost, dry_run, batch,
+        report = _run_import(ctx, files, cost, dry_run, batch,
                              _err.is_terminal and not as_json, spread)
-    except (FocusFormatError, csv.Error, UnicodeDecodeError, OSError) as exc:
-        _err.print(f"[bold red]costline import:[/] {file}: {exc}")
+    except FileFailed as exc:
+        _err.print(f"[bold red]costline import:[/] {exc}")
         raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=2))

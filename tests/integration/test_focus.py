@@ -214,6 +214,25 @@ def test_a_row_in_another_currency_is_converted_with_the_rate_of_its_date(
         "EUR": {"cost": 8_000_000, "gross": 11_000_000, "credits": 3_000_000}}
 
 
+def test_split_lines_in_the_parts_of_one_export_all_count_once(
+    sample: tuple[Bill, dict[str, Any]], tmp_path: Path,
+) -> None:
+    """FOCUS allows rows that agree on every identity column (split lines): they are distinct
+    charges however the export is cut into part files, when the parts are imported together;
+    and importing the parts again counts nothing twice."""
+    bill, _ = sample
+    line = {**_row("2024-08-10 10:00:00", "5"), "SubAccountId": "split-lines"}
+    part1 = _file(tmp_path / "part-00000.csv", [line, _row("2024-08-10 11:00:00", "1")])
+    part2 = _file(tmp_path / "part-00001.csv", [{**line, "BilledCost": "7",
+                                                 "EffectiveCost": "7"}])
+    august = ["--period", "month", "--at", "2024-08-20T00:00:00Z"]
+    summary = bill.import_focus(part1, str(part2))
+    assert (summary["files"], summary["rows_counted"]) == ([str(part1), str(part2)], 3)
+    assert bill.spend("sub_account", *august)["split-lines"]["cost"] == 13_200_000  # € at 1.1
+    bill.import_focus(part2, str(part1))
+    assert bill.spend("sub_account", *august)["split-lines"]["cost"] == 13_200_000
+
+
 def test_a_monthly_fee_spread_is_the_same_each_hour_with_the_remainder_last(
     sample: tuple[Bill, dict[str, Any]], tmp_path: Path,
 ) -> None:
