@@ -210,8 +210,9 @@ def narrowed(
 
 
 def align_down(ts: float, step: int = BUCKET_S) -> int:
-    """Start of the bucket holding ``ts``."""
-    return int(ts) // step * step
+    """Start of the bucket holding ``ts`` (floored, as the ledger's slots are: -0.5 is in the
+    bucket before 0)."""
+    return int(ts // step) * step
 
 
 def dimensions_of(

@@ -126,3 +126,19 @@ def test_earliest_data_and_recent_faults() -> None:
     assert found.earliest("cost", {"team": "a"}) == T0 + HOUR
     assert found.earliest("cost", {"team": "c"}) is None
     assert [f.tags["job"] for f in found.faults(T0 + 1)] == ["run-2"]
+
+
+@pytest.mark.parametrize("ts", [-0.5, -300.0, -299.9, 0.0, 299.9, 1796000123.75])
+def test_a_bucket_starts_where_the_ledgers_slot_does(ts: float) -> None:
+    """In memory and on the ledger (hence in Redis) an event falls in the same 5-minute
+    bucket, before 1970 too."""
+    from costline.rules.events import UsageEvent
+    from costline.rules.ledger import Intake
+    from costline.rules.prices import PriceBook
+    from costline.streams.settings import DEFAULT_PRICES
+
+    event = UsageEvent(event_id="u-1", kind="usage", ts=ts, resource_id="n", quantity=1.0,
+                       resource_type="gpu.h100", unit="gpu_hour")
+    [record] = Intake(PriceBook.load(DEFAULT_PRICES), 1).records([event]).values()
+    [entry] = record.entries
+    assert align_down(ts) == entry[2]
