@@ -13,7 +13,8 @@ is what is counted. A row in another currency is converted with the price book's
 with ``spread`` a charge over more than an hour becomes one event per hour.
 
 Only a row that cannot be an event is skipped, counted by reason with its amount: a NULL or
-non-numeric cost, a bad time, a currency without a rate. ``docs/FOCUS.md`` gives every mapping
+non-numeric cost, a bad time, a currency without a rate. A usage-based charge whose period is
+not over is held (``open``): its amount still grows. ``docs/FOCUS.md`` gives every mapping
 below in a table.
 """
 
@@ -42,6 +43,7 @@ from costline.connectors.focus_vocabulary import (
     COLUMN_TAGS,
     CURRENCY_TAG,
     SERVICE_CATEGORIES,
+    accrues,
     charge_of,
 )
 from costline.rules.events import MAX_FUTURE_S, MAX_TAGS, Category, ChargeKind, UsageEvent
@@ -99,8 +101,6 @@ class SkipReason(StrEnum):
 
 HELD = frozenset({SkipReason.open})
 """Skips that are no fault of the row: they do not fail the import."""
-# FOCUS ChargeFrequency: the charges whose amount accrues over their period.
-ACCRUING = "Usage-Based"
 
 
 # -- the price book entries the events need ------------------------------------------------
@@ -287,7 +287,8 @@ def resource_id_of(row: Mapping[str, str]) -> str:
 
 @dataclass
 class FocusConverter:
-    """Turns rows into events; remembers identities seen so far in this file.
+    """Turns rows into events; remembers identities seen so far in this import (every part
+    file of one export goes through one converter).
 
     Two rows with the same identity are distinct charges (FOCUS allows split lines): the n-th
     gets ``:n`` after its id, so the same file imported again yields the same ids. A spread
@@ -320,10 +321,11 @@ class FocusConverter:
                 return Skipped(SkipReason.bad_cost, to_micro(amount), currency)
             amount = converted
         micro = to_micro(amount)
-        if hours[-1].timestamp() > self.now + MAX_FUTURE_S:
-            return Skipped(SkipReason.future, micro, self.currency)
-        if self._still_accruing(row):
+        ahead = self.now + MAX_FUTURE_S
+        if hours[0].timestamp() <= ahead and self._still_accruing(row):
             return Skipped(SkipReason.open, micro, self.currency)
+        if hours[-1].timestamp() > ahead:  # spread, a fee's last hours are ahead too
+            return Skipped(SkipReason.future, micro, self.currency)
         event = self._event(row, hours[0], micro, currency)
         if len(hours) == 1:
             return Converted(event, micro)
@@ -331,11 +333,11 @@ class FocusConverter:
 
     def _still_accruing(self, row: Mapping[str, str]) -> bool:
         """A usage-based charge (or one that does not say) whose period ends after now."""
-        if (row.get("ChargeFrequency") or ACCRUING) != ACCRUING:
+        if not accrues(row.get("ChargeFrequency")):
             return False  # a recurring fee or a one-time charge is stated whole
         try:
             return parse_time(row.get("ChargePeriodEnd") or "").timestamp() > self.now
-        except ValueError:  # no end, or not a time: judged by its start alone, as before
+        except ValueError:  # no end, or not a time: judged by its start alone
             return False
 
     def _hours(self, row: Mapping[str, str]) -> list[datetime]:

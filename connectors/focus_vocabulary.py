@@ -103,3 +103,13 @@ COLUMN_TAGS: tuple[tuple[str, str], ...] = (
 
 # The tag a row converted from another currency carries: that currency.
 CURRENCY_TAG = "billing_currency"
+
+
+# FOCUS 1.0 ChargeFrequency of the charges whose amount accrues over their period (compared
+# case-insensitively); a row that does not say is taken as one.
+ACCRUING = "usage-based"
+
+
+def accrues(frequency: str | None) -> bool:
+    """A usage-based charge: its amount grows until its charge period ends."""
+    return (frequency or ACCRUING).strip().casefold() == ACCRUING

@@ -253,7 +253,7 @@ class RedisState:
         Intervals are aligned to UTC multiples of ``step``; the first and last are cut at
         ``start`` and ``end`` (a day in a half-hour zone starts mid-hour), so no interval
         counts spend from outside the period."""
-        steps = range(int(start) // step * step, math.ceil(end), step)
+        steps = range(int(start // step) * step, math.ceil(end), step)
         parts = [(max(t, start), min(t + step, end)) for t in steps]
         out: dict[Group, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         decided: dict[int, Group | None] = {}

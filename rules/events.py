@@ -105,8 +105,9 @@ Timestamp = Annotated[
 
 def _whole(value: Any) -> Any:
     """A whole number written as a float (``512.0``: Python's json writes any float so) is that
-    integer. Past 2^53 a float may have lost digits its text had, so it stays refused."""
-    if type(value) is float and value.is_integer() and abs(value) <= 2**53:
+    integer. From 2^53 on a float no longer holds every whole number, so its text may have
+    said another one: refused, as any float was."""
+    if type(value) is float and value.is_integer() and abs(value) < 2**53:
         return int(value)
     return value
 

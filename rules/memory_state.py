@@ -63,7 +63,7 @@ DimensionsKey = tuple[tuple[str, str], ...]
 def _covering(start: float, end: float) -> Iterator[tuple[int, int]]:
     """The fewest (bucket size, bucket start) whose union covers [start, end) rounded out."""
     t = align_down(start)
-    stop = -(-int(end) // BUCKET_S) * BUCKET_S
+    stop = -int(-end // BUCKET_S) * BUCKET_S  # as connectors.redis_keys.cover rounds out
     while t < stop:
         size = next(s for s in _TIERS if t % s == 0 and t + s <= stop)
         yield size, t

@@ -10,8 +10,10 @@ send through the same ``usage_stream``.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -232,7 +234,7 @@ class ImportReport:
             if reason in HELD:
                 typer.echo(f"  held {_count(rows, 'row')} ({reason.value}): "
                            f"{tally.skipped_text(reason)} of usage-based charges whose period "
-                           "is not over; import the file again once it is")
+                           "is not over, not counted (docs/FOCUS.md)")
                 continue
             typer.echo(f"  skipped {_count(rows, 'row')} ({reason.value}): "
                        f"{tally.skipped_text(reason)} not counted")
@@ -246,14 +248,35 @@ class ImportReport:
                        "the worker would refuse these events")
 
 
-UNREADABLE = (FocusFormatError, csv.Error, UnicodeDecodeError, OSError)
+# What a file that is not a readable FOCUS CSV raises (a truncated gzip: EOFError).
+UNREADABLE = (FocusFormatError, csv.Error, UnicodeDecodeError, OSError, EOFError, zlib.error)
 
 
 class FileFailed(Exception):
     """A file of the import could not be read: which one, and why."""
 
-    def __init__(self, file: Path, cause: Exception) -> None:
+    def __init__(self, file: Path, cause: BaseException) -> None:
         super().__init__(f"{file}: {cause}")
+
+
+def check_parts(files: list[Path], basis: CostBasis, spread: bool) -> None:
+    """Before anything is sent: every file is a FOCUS CSV with the columns needed, and none
+    is another's copy. The files are numbered as one export's parts, so the same rows twice
+    would be taken for split lines and counted twice."""
+    seen: dict[str, Path] = {}
+    for file in files:
+        try:
+            with open_focus(file) as (text, _):
+                next(read_rows(text, basis, spread), None)
+            with file.open("rb") as raw:
+                digest = hashlib.file_digest(raw, "sha256")
+        except UNREADABLE as exc:
+            raise FileFailed(file, exc) from exc
+        first = seen.setdefault(digest.hexdigest(), file)
+        if first is not file:
+            raise FileFailed(file, ValueError(
+                f"the same bytes as {first}: name each part of one export once (two exports "
+                "are two imports)"))
 
 
 def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run: bool,
@@ -268,6 +291,7 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
     bar, advance = _progress([str(file) for file in files], show_progress)
     # One converter for every part of an export: rows of one identity in different parts are
     # distinct charges, numbered across the parts as within one file.
+    check_parts(files, basis, spread)
     with bar, (nullcontext(None) if dry_run else usage_stream(ctx, sent, batch)) as stream:
         for file in files:
             try:
@@ -275,7 +299,11 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
                     convert_file(source, raw, converter, tally,
                                  None if stream is None else stream.emit, advance)
             except UNREADABLE as exc:
-                raise FileFailed(file, exc) from exc
+                done = f"; {tally.events:,} events were sent before" \
+                    if tally.events and not dry_run else ""
+                raise FileFailed(file, ValueError(
+                    f"{exc}{done}: mend it and import all the files again (what was sent "
+                    "counts once)")) from exc
     return ImportReport([str(file) for file in files], basis, book.currency, dry_run, tally, sent,
                         dict(converter.warnings), time.perf_counter() - began, sorted(missing),
                         spread)

@@ -11,10 +11,12 @@ half to even; a fault wastes its units × (lost + recovery seconds) / 3600 × th
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from decimal import Decimal, localcontext
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from typing import Any
 
 from costline.rules.prices import MICRO, PriceBook, format_micro
+from costline.rules.runs import FAILED_RUN
+from costline.rules.state import StateView
 from costline.streams.demo.scenario import Scenario
 
 
@@ -25,7 +27,7 @@ def _events(messages: Iterable[dict[str, Any] | list[dict[str, Any]]]
 
 
 def _micro(amount: Decimal) -> int:
-    return int((amount * MICRO).to_integral_value())  # the context rounds half to even
+    return int((amount * MICRO).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def played_micro(scenario: Scenario, book: PriceBook) -> dict[str, int]:
@@ -50,6 +52,15 @@ def played_micro(scenario: Scenario, book: PriceBook) -> dict[str, int]:
                            + Decimal(repr(event["recovery_seconds"])))
                 waste += _micro(event["units"] * seconds / 3600 * hourly)
     return {"spend": cost, "fault waste": waste}
+
+
+def counted_micro(state: StateView, start: float, end: float) -> dict[str, int]:
+    """What ``state`` counted over [start, end), as ``played_micro`` sums it. Failed-run waste
+    is worked out from spend when read (``costline.rules.runs``), so it is left out: what the
+    events carry is spend and fault waste."""
+    waste = state.totals("waste", {}, ["fault"], start, end)
+    return {"spend": sum(state.totals("cost", {}, [], start, end).values()),
+            "fault waste": sum(v for (fault,), v in waste.items() if fault != FAILED_RUN)}
 
 
 def exactness(played: dict[str, int], counted: dict[str, int]) -> dict[str, Any]:

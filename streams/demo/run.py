@@ -25,9 +25,8 @@ from rich.console import Console
 from costline.connectors.kafka_security import PLAINTEXT
 from costline.rules.durations import rfc3339
 from costline.rules.prices import PriceBook, format_micro
-from costline.rules.runs import FAILED_RUN
 from costline.streams.demo import enforcement
-from costline.streams.demo.played import exactness, played_micro
+from costline.streams.demo.played import counted_micro, exactness, played_micro
 from costline.streams.demo.scenario import DEV_BOXES, Scenario, training_cluster
 from costline.streams.demo.summary import print_summary, reclamation, span_text
 from costline.streams.demo.training import stand_ins
@@ -345,11 +344,6 @@ class Demo:
         start, end = scenario.start, scenario.now + 300
 
         book = PriceBook.load(self.settings.prices)
-        # Failed-run waste is worked out from spend when read (costline.rules.runs): what
-        # the events carry is spend and fault waste.
-        waste = state.totals("waste", {}, ["fault"], start, end)
-        counted = {"spend": sum(state.totals("cost", {}, [], start, end).values()),
-                   "fault waste": sum(v for (fault,), v in waste.items() if fault != FAILED_RUN)}
 
         def table(measure: str, by: list[str]) -> dict[str, str]:
             totals = state.totals(measure, {}, by, start, end)  # type: ignore[arg-type]
@@ -365,7 +359,8 @@ class Demo:
             "spend_by_category": table("cost", ["category"]),
             "fixed_vs_elastic": table("cost", ["billing"]),
             "waste_by_fault": table("waste", ["fault"]),
-            "exactness": exactness(played_micro(scenario, book), counted),
+            "exactness": exactness(played_micro(scenario, book),
+                                   counted_micro(state, start, end)),
             **training_summary(state, self.settings, scenario.start, end),
             "alerts": alert_rows(AlertStore(redis, self.namespace).book()),
             "slack_messages": slack.posted() if slack else None,

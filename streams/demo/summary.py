@@ -48,8 +48,8 @@ def exactness_text(exactness: dict[str, Any], currency: str) -> str:
     figures = exactness["measures"]
     if exactness["equal"]:
         return ("[bold green]Counted exactly what was played[/], to the micro-unit, each event "
-                "once: " + ", ".join(f"{measure} {money(Decimal(f['counted']), currency)}"
-                                     for measure, f in figures.items()))
+                "once: " + ", ".join(f"{measure} {money(Decimal(f['counted']), currency)} "
+                                     f"({f['counted']})" for measure, f in figures.items()))
     return ("[bold red]Counted is not what was played[/]: " + "; ".join(
         f"{measure} counted {f['counted']}, played {f['played']}"
         for measure, f in figures.items() if f["counted"] != f["played"]))

@@ -183,9 +183,7 @@ def _await(service: Service, record: ProcessRecord, report: Report) -> None:
     wait_until(lambda: service.answers() or not is_running(record), service.start_timeout_s, 0.2)
     log = service.log_file
     if not is_running(record):
-        raise ExitedWhileStarting(
-            f"{service.name} exited while starting; see {log}:\n{log_tail(log)}"
-        )
+        raise ExitedWhileStarting(service.name, str(log), log_tail(log))
     if not service.answers():
         raise StackError(
             f"{service.name} did not answer on {service.endpoint()} within "
@@ -260,7 +258,8 @@ def up(
             except ExitedWhileStarting as error:
                 if attempt == START_ATTEMPTS:
                     raise
-                report(f"{str(error).splitlines()[0]}; starting once more")
+                report(f"{error.service} exited while starting (see {error.log}); "
+                       "starting once more")
         specs = [_spec_of(layout, plan.service.name) for plan in plans]
         return StackInfo([_state(layout, spec) for spec in specs], _exports(layout, specs))
 

@@ -9,3 +9,7 @@ class StackError(RuntimeError):
 
 class ExitedWhileStarting(StackError):
     """A service's process ended before it answered (its log may say why, or be empty)."""
+
+    def __init__(self, service: str, log: str, tail: str) -> None:
+        super().__init__(f"{service} exited while starting; see {log}:\n{tail}")
+        self.service, self.log = service, log

@@ -11,6 +11,9 @@ class Health:
     problems: dict[str, tuple[str, float]] = field(default_factory=dict)
     # Facts worth seeing next to the status (e.g. how many rules are loaded).
     facts: dict[str, object] = field(default_factory=dict)
+    # A setting that puts exactness at risk while everything works: shown, but the status
+    # stays ok, so probes on /healthz do not restart a worker for it.
+    warnings: dict[str, str] = field(default_factory=dict)
 
     def failing(self, dependency: str, error: BaseException | str) -> None:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -31,5 +34,6 @@ class Health:
                 name: {"error": text, "since": since}
                 for name, (text, since) in self.problems.items()
             },
+            **({"warnings": dict(self.warnings)} if self.warnings else {}),
             **self.facts,
         }

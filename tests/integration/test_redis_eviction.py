@@ -1,6 +1,7 @@
 """A Redis that may evict costline's keys is found out: a real server (and one master of a
 real Redis Cluster) set to an evicting ``maxmemory-policy`` under a ``maxmemory`` is named in
-``/healthz``, ``/metrics`` and the log, until it is set back to ``noeviction``."""
+``/healthz`` (a warning: the status stays ok), ``/metrics`` and the log, until it is set back
+to ``noeviction``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from redis.cluster import RedisCluster
 from bench.common import worker_series
 from costline.connectors.redis_client import RedisClient, connect
 from costline.streams.topics import create_topics
-from costline.streams.worker.eviction_watch import PROBLEM, EvictionWatch
+from costline.streams.worker.eviction_watch import WARNING, EvictionWatch
 from costline.streams.worker.health import Health
 from tests.integration.conftest import StackUp
 from tests.integration.streamkit import Worker, settings_of, worker_env
@@ -68,22 +69,22 @@ def test_a_server_that_may_evict_is_named_until_it_may_not(
     health = Health()
     watch = EvictionWatch(client, health)
     asyncio.run(watch.check())
-    assert health.ok and watch.evicting == 0
+    assert not health.warnings and watch.evicting == 0
 
     configure(client, target, maxmemory=LIMIT, **{"maxmemory-policy": "volatile-lru"})
     with caplog.at_level(logging.INFO, logger="costline.redis"):
         asyncio.run(watch.check())
         asyncio.run(watch.check())  # said once, not on every round
-    assert watch.evicting == 1 and not health.ok
-    problem = health.report()["problems"][PROBLEM]["error"]  # type: ignore[index]
-    assert f"Redis {name} may evict" in problem and "volatile-lru" in problem
+    assert watch.evicting == 1 and health.ok  # a setting, not a failure: counting goes on
+    warning = health.report()["warnings"][WARNING]  # type: ignore[index]
+    assert f"Redis {name} may evict" in warning and "volatile-lru" in warning
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "set maxmemory-policy noeviction" in errors[0].getMessage()
 
     configure(client, target, **{"maxmemory-policy": "noeviction"})
     with caplog.at_level(logging.INFO, logger="costline.redis"):
         asyncio.run(watch.check())
-    assert health.ok and watch.evicting == 0
+    assert "warnings" not in health.report() and watch.evicting == 0
     assert caplog.records[-1].getMessage() == "Redis no longer evicts costline's keys"
 
 
@@ -118,11 +119,11 @@ def test_the_worker_reports_an_evicting_redis_in_healthz_and_metrics(
     worker = Worker(env, tmp_path / "worker.log")
     worker.start()
     try:
-        until(lambda: PROBLEM in healthz(env).get("problems", {}), 90)  # type: ignore[operator]
-        assert healthz(env)["status"] == "degraded"
+        until(lambda: WARNING in healthz(env).get("warnings", {}), 90)  # type: ignore[operator]
+        assert healthz(env)["status"] == "ok"
         assert ("costline_redis_evicting_nodes", {}, 1.0) in worker_series(worker)
         client.config_set("maxmemory-policy", "noeviction")
-        until(lambda: healthz(env).get("status") == "ok", 30)
+        until(lambda: "warnings" not in healthz(env), 30)
         assert ("costline_redis_evicting_nodes", {}, 0.0) in worker_series(worker)
     finally:
         worker.stop()

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from costline.rules.runs import FAILED_RUN
-from costline.streams.demo.played import exactness, played_micro
+from costline.streams.demo.played import counted_micro, exactness, played_micro
 from costline.streams.demo.scenario import Scenario, training_cluster
 from costline.streams.demo.summary import exactness_text
 from tests.unit.test_scenario import ANY_DAY, DAYS, PRICES, played
@@ -43,11 +42,7 @@ def test_the_contracts_arithmetic_on_a_few_events() -> None:
 def test_the_sum_is_what_the_worker_counts_over_the_period_the_demo_reads(now: float) -> None:
     """The demo reads Redis over [start, now + 300]: every event played must lie in it."""
     scenario = training_cluster(now, days=DAYS)
-    state = played(now)
-    start, end = scenario.start, scenario.now + 300
-    waste = state.totals("waste", {}, ["fault"], start, end)
-    counted = {"spend": sum(state.totals("cost", {}, [], start, end).values()),
-               "fault waste": sum(v for (fault,), v in waste.items() if fault != FAILED_RUN)}
+    counted = counted_micro(played(now), scenario.start, scenario.now + 300)
     assert played_micro(scenario, PRICES) == counted
 
 

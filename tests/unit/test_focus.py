@@ -291,8 +291,10 @@ def test_an_hourly_charge_is_not_spread() -> None:
 @pytest.mark.parametrize(("cells", "reason"), [
     ({"ChargePeriodEnd": "NULL"}, SkipReason.bad_timestamp),
     ({"ChargePeriodEnd": "2024-09-18 21:00:00"}, SkipReason.bad_timestamp),  # before start
-    ({"ChargePeriodStart": "2026-11-01 00:00:00",
-      "ChargePeriodEnd": "2026-12-01 00:00:00"}, SkipReason.future),  # its last hours
+    ({"ChargePeriodStart": "2026-11-01 00:00:00", "ChargePeriodEnd": "2026-12-01 00:00:00",
+      "ChargeFrequency": "Recurring"}, SkipReason.future),  # a fee's last hours are ahead
+    ({"ChargePeriodStart": "2026-11-01 00:00:00", "ChargePeriodEnd": "2026-12-01 00:00:00",
+      "ChargeFrequency": "usage-based"}, SkipReason.open),  # usage still accruing: held
 ])
 def test_a_charge_that_cannot_be_spread_is_skipped(
     cells: dict[str, str], reason: SkipReason,
@@ -632,3 +634,22 @@ def test_rows_still_accruing_are_told_as_held_and_do_not_fail_the_import(tmp_pat
     assert "dry run: would send 2 events" in result.stdout
     path.write_text(csv_text([row(**far)]))  # a start ahead is still a fault of the row
     assert cli("import", "focus", str(path), "--dry-run").exit_code == 1
+
+
+def test_the_parts_are_checked_before_anything_is_sent(tmp_path: Path) -> None:
+    """The same file twice would be taken for split lines and counted twice; a damaged part
+    found after the others were sent would leave half an export counted."""
+    good = tmp_path / "part-00000.csv"
+    good.write_text(csv_text([row()]))
+    copy = tmp_path / "copy-of-part-00000.csv"
+    copy.write_bytes(good.read_bytes())
+    result = cli("import", "focus", str(good), str(copy), "--dry-run")
+    assert result.exit_code == 2
+    assert f"{copy}: the same bytes as {good}" in result.output
+
+    truncated = tmp_path / "part-00001.csv.gz"
+    truncated.write_bytes(gzip.compress(csv_text([row()] * 50).encode())[:60])
+    result = cli("--kafka-bootstrap", "127.0.0.1:1", "import", "focus", str(good),
+                 str(truncated))
+    assert result.exit_code == 2
+    assert str(truncated) in result.output and "Kafka" not in result.output

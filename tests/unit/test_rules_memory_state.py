@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costline.rules.events import UsageEvent
 from costline.rules.prices import PricingError
 from costline.rules.state import BUCKET_S, align_down, literal, narrowed
 from tests.unit.rulefiles.builders import DAY, HOUR, T0, fault, sample, state, usage
@@ -132,7 +133,6 @@ def test_earliest_data_and_recent_faults() -> None:
 def test_a_bucket_starts_where_the_ledgers_slot_does(ts: float) -> None:
     """In memory and on the ledger (hence in Redis) an event falls in the same 5-minute
     bucket, before 1970 too."""
-    from costline.rules.events import UsageEvent
     from costline.rules.ledger import Intake
     from costline.rules.prices import PriceBook
     from costline.streams.settings import DEFAULT_PRICES
@@ -142,3 +142,15 @@ def test_a_bucket_starts_where_the_ledgers_slot_does(ts: float) -> None:
     [record] = Intake(PriceBook.load(DEFAULT_PRICES), 1).records([event]).values()
     [entry] = record.entries
     assert align_down(ts) == entry[2]
+
+
+def test_a_fractional_end_takes_its_bucket_in_as_redis_does() -> None:
+    """Redis's cover rounds [start, end) out to whole buckets: the memory state too."""
+    from costline.rules.memory_state import InMemoryState
+    from costline.rules.prices import PriceBook
+    from costline.streams.settings import DEFAULT_PRICES
+
+    state = InMemoryState(PriceBook.load(DEFAULT_PRICES))
+    state.add_all([UsageEvent(event_id="u-1", kind="usage", ts=T0 + 300.2, resource_id="n",
+                              quantity=1.0, resource_type="gpu.h100", unit="gpu_hour")])
+    assert state.totals("cost", {}, [], T0, T0 + 300.5) == {(): 2_490_000}
