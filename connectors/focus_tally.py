@@ -19,6 +19,9 @@ class ImportTally:
 
     rows: int = 0
     converted_rows: int = 0
+    revised_rows: int = 0  # counted before with another amount: the difference sent
+    unchanged_rows: int = 0  # counted before with this amount: nothing sent
+    other_basis_rows: int = 0  # of those, counted on the other cost basis, which stays
     events: int = 0
     cost_micro: int = 0
     credits_micro: int = 0
@@ -27,10 +30,17 @@ class ImportTally:
     skipped_rows: Counter[SkipReason] = field(default_factory=Counter)
     skipped_micro: dict[SkipReason, Counter[str]] = field(default_factory=dict)
 
-    def count(self, outcome: Converted | Skipped) -> None:
+    def count(self, outcome: Converted | Skipped | None, revised: bool = False) -> None:
+        """A row's outcome: what was sent for it (a revision's difference when ``revised``),
+        nothing (``None``) when it was counted before as it is, or why it was skipped."""
         self.rows += 1
-        if isinstance(outcome, Converted):
-            self.converted_rows += 1
+        if outcome is None:
+            self.unchanged_rows += 1
+        elif isinstance(outcome, Converted):
+            if revised:
+                self.revised_rows += 1
+            else:
+                self.converted_rows += 1
             self.events += len(outcome.events)
             self.cost_micro += outcome.micro
             self.credits_micro += max(-outcome.micro, 0)
@@ -57,6 +67,9 @@ class ImportTally:
         return {
             "rows_read": self.rows,
             "rows_counted": self.converted_rows,
+            "rows_revised": self.revised_rows,
+            "rows_unchanged": self.unchanged_rows,
+            "rows_on_other_basis": self.other_basis_rows,
             "events": self.events,
             "cost_total": format_micro(self.cost_micro),
             "gross_total": format_micro(self.cost_micro + self.credits_micro),

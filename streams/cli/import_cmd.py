@@ -34,8 +34,11 @@ from costline.connectors.focus import (
     price_book_lines,
     read_rows,
 )
+from costline.connectors.focus_ledger import RowLedger
+from costline.connectors.focus_revision import revision
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.kafka import partition_of
+from costline.connectors.redis_client import connect
 from costline.rules.events import (
     MAX_BATCH,
     RunEndEvent,
@@ -161,20 +164,63 @@ def _refuse_without_prices(book: PriceBook, missing: set[str], prices: Path) -> 
     raise typer.Exit(2)
 
 
-def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter, tally: ImportTally,
-                 emit: Emit | None, advance: Callable[[int], None]) -> None:
-    """Every row through the converter into ``tally``; events to ``emit`` (none: a dry run)."""
+class Delivery:
+    """Converted rows to Kafka a chunk at a time: each chunk's rows looked up in the row ledger,
+    what changed since an earlier import sent (``focus_revision``), Kafka's acknowledgement of
+    the chunk awaited, and only then its rows recorded. A dry run (no stream) takes every row
+    as never imported and sends nothing."""
+
+    CHUNK_ROWS = 2000
+
+    def __init__(self, tally: ImportTally, basis: CostBasis, stream: UsageStream | None = None,
+                 ledger: RowLedger | None = None, summary: Summary | None = None) -> None:
+        self.tally, self.basis = tally, basis.value
+        self.stream, self.ledger, self.summary = stream, ledger, summary
+        self.pending: list[Converted] = []
+
+    def add(self, row: Converted) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= self.CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.pending = self.pending, []
+        keys = [(str(row.event.ts)[:7], row.event.event_id) for row in rows]  # month, row id
+        counted = self.ledger.counted(keys) if self.ledger else [None] * len(rows)
+        changed = []
+        for row, key, before in zip(rows, keys, counted, strict=True):
+            sent = revision(row, self.basis, before)
+            if before is not None and before.basis != self.basis:
+                self.tally.other_basis_rows += 1
+            self.tally.count(sent, revised=before is not None)
+            if sent is not None:
+                changed.append((*key, row.micro))
+                if self.stream is not None:
+                    for event in sent.events:
+                        self.stream.emit(event)
+        if self.stream is None or self.summary is None or not changed:
+            return
+        failed = self.summary.failed_messages
+        self.stream.flush()
+        if self.ledger is not None and self.summary.failed_messages == failed:
+            self.ledger.record(self.basis, changed)
+
+
+def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter,
+                 delivery: Delivery, advance: Callable[[int], None]) -> None:
+    """Every row through the converter; the converted ones to ``delivery``."""
     done = 0
     for number, row in enumerate(read_rows(source, converter.basis, converter.spread), start=1):
         outcome = converter.convert(row)
-        tally.count(outcome)
-        if emit is not None and isinstance(outcome, Converted):
-            for event in outcome.events:
-                emit(event)
+        if isinstance(outcome, Converted):
+            delivery.add(outcome)
+        else:
+            delivery.tally.count(outcome)
         if number % 256 == 0:
             position = raw.tell()
             advance(position - done)
             done = position
+    delivery.flush()
     advance(raw.tell() - done)
 
 
@@ -230,6 +276,14 @@ class ImportReport:
         else:
             typer.echo(f"sent {_count(self.sent.sent_events, 'event')} in "
                        f"{_count(self.sent.sent_messages, 'message')}: {amounts}")
+        if tally.unchanged_rows:
+            other = f" ({tally.other_basis_rows:,} on the other cost basis, which stays)" \
+                if tally.other_basis_rows else ""
+            typer.echo(f"  {_count(tally.unchanged_rows, 'row')} as an earlier import counted "
+                       f"them{other}: nothing sent")
+        if tally.revised_rows:
+            typer.echo(f"  {_count(tally.revised_rows, 'row')} revised since an earlier import: "
+                       "the difference sent as an adjustment")
         for reason, rows in sorted(tally.skipped_rows.items()):
             if reason in HELD:
                 typer.echo(f"  held {_count(rows, 'row')} ({reason.value}): "
@@ -292,12 +346,17 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
     # One converter for every part of an export: rows of one identity in different parts are
     # distinct charges, numbered across the parts as within one file.
     check_parts(files, basis, spread)
+    settings = settings_of(ctx)
+    ledger = None if dry_run else RowLedger(connect(settings.redis_url, timeout_s=30),
+                                            settings.namespace)
+    if ledger is not None:
+        ledger.redis.ping()  # before anything is sent
     with bar, (nullcontext(None) if dry_run else usage_stream(ctx, sent, batch)) as stream:
+        delivery = Delivery(tally, basis, stream, ledger, sent)
         for file in files:
             try:
                 with open_focus(file) as (source, raw):
-                    convert_file(source, raw, converter, tally,
-                                 None if stream is None else stream.emit, advance)
+                    convert_file(source, raw, converter, delivery, advance)
             except UNREADABLE as exc:
                 done = f"; {tally.events:,} events were sent before" \
                     if tally.events and not dry_run else ""
@@ -329,6 +388,8 @@ def focus(
 ) -> None:
     """Send every row of a FOCUS export as a usage event with the row's cost.
 
+    A row an earlier import counted sends only what changed since (nothing, or the difference
+    as an adjustment), so any later export of the same month can be imported at any time.
     Credits, refunds and corrections count with their sign; a row in another currency is
     converted with the price book's rates. Only rows that cannot be counted are skipped (NULL
     or non-numeric cost, a bad time, a currency without a rate): reported with their count and

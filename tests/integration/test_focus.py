@@ -260,10 +260,43 @@ def test_billed_cost_equals_the_bill_and_a_reimport_counts_nothing_twice(bills: 
     total = sum(s["cost"] for s in first.values())  # the CSV's sum is 20.52022672899
     assert cents(Decimal(total) / 1_000_000) == Decimal("20.52")
 
-    again = bill.import_focus(SAMPLE, "--batch", "7")
-    assert again["sent_messages"] > 100
-    bill.import_focus(SAMPLE, "--cost", "billed", "--batch", "1000")
+    again = bill.import_focus(SAMPLE, "--batch", "7")  # the other basis: the first stays
+    assert (again["rows_unchanged"], again["rows_on_other_basis"], again["sent_events"]) == (
+        1000, 1000, 0)
+    same = bill.import_focus(SAMPLE, "--cost", "billed", "--batch", "1000")
+    assert (same["rows_unchanged"], same["sent_events"]) == (1000, 0)
     assert bill.spend("sub_account_name") == first
+
+
+def test_a_later_export_sends_what_changed_whenever_it_is_imported(
+    bills: Any, tmp_path: Path,
+) -> None:
+    """A month-to-date export grows and providers revise rows after their day: each import
+    sends only the differences, so spend is the latest export's, also once the worker has
+    forgotten the ids (its dedup horizon, here taken away by deleting its dedup memory)."""
+    bill = bills()
+    august = ["--period", "month", "--at", "2024-08-20T00:00:00Z"]
+    first = [_row("2024-08-10 10:00:00", "10", currency="USD"),
+             _row("2024-08-11 10:00:00", "-2", "Credit", currency="USD")]
+    bill.import_focus(_file(tmp_path / "day-1.csv", first))
+    assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 8_000_000
+
+    later = [_row("2024-08-10 10:00:00", "12.5", currency="USD"),  # revised up
+             _row("2024-08-11 10:00:00", "-2", "Credit", currency="USD"),  # as it was
+             _row("2024-08-12 10:00:00", "4", currency="USD")]  # a new day
+    summary = bill.import_focus(_file(tmp_path / "day-3.csv", later))
+    assert (summary["rows_counted"], summary["rows_revised"], summary["rows_unchanged"]) == (
+        1, 1, 1)
+    assert summary["cost_by_charge"] == {"adjustment": "2.500000", "usage": "4.000000"}
+    assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 14_500_000
+
+    redis = connect(bill.redis_url)
+    forgotten = list(redis.scan_iter(f"*{bill.env['COSTLINE_NAMESPACE']}*:dd:*"))
+    assert forgotten
+    redis.delete(*forgotten)
+    again = bill.import_focus(_file(tmp_path / "day-3-again.csv", later))
+    assert (again["rows_unchanged"], again["sent_events"]) == (3, 0)
+    assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 14_500_000
 
 
 # -- out ----------------------------------------------------------------------------------------
