@@ -1,36 +1,107 @@
-"""What to send for a bill row that an earlier import counted (``focus_ledger`` remembers how
-much): nothing when its amount is the same, else the difference, as one ``adjustment``. A row
-counted on the other cost basis is left as it was: the first basis imported stays.
+"""What an import sends for a bill row, given what the row memory (``focus_ledger``) holds of
+it: the row whole the first time, then each change of its amount as one ``adjustment`` of the
+difference, and nothing while it stays the same.
 
 Exports restate rows: a month-to-date export grows every day, and providers revise a day's
 usage after it ends. Counting a row again by its id would be dropped by the worker's dedup
-memory (within its horizon) or counted twice (after it); sending only the difference makes
-spend equal the latest export whenever, and however often, it is imported. A revision's id is
-the row's with a digest of the amounts it goes between, so the same revision sent again (an
-import that failed half way, run again) counts once.
+memory (within its horizon) or counted twice (after it); sending only the differences makes
+spend follow the latest export whenever it is imported.
+
+The memory is written ahead. Before an import sends a row's next step, the memory says which
+amount it sets out to send (``pending``); once Kafka has acknowledged it, the step is counted.
+An import that stopped in between (Kafka or Redis away, the process killed) leaves the step
+pending, and the next import first sends exactly that step again (the same id, the same
+amount: counted once by the worker within its dedup horizon) before it compares the export
+with what was counted. Revision ``k`` of a row has the id ``<row id>:r<k>``, so a row that goes
+back and forth gets a new id each time.
 """
 
 from __future__ import annotations
 
-import hashlib
+from dataclasses import dataclass
 
 from costline.connectors.focus import Converted
-from costline.connectors.focus_ledger import Counted
-from costline.rules.events import ChargeKind
+from costline.connectors.focus_spread import split_micro
+from costline.rules.events import ChargeKind, UsageEvent
 from costline.rules.prices import MICRO
 
 
-def revision(row: Converted, basis: str, counted: Counted | None) -> Converted | None:
-    """``row`` itself when never counted, ``None`` when counted as it is (or on another
-    basis), else an adjustment of the difference at the row's time (a spread row's difference
-    lands in its first hour)."""
-    if counted is None:
-        return row
-    if counted.basis != basis or counted.micro == row.micro:
+@dataclass(frozen=True)
+class RowState:
+    """What the row memory holds of one bill row: on which cost basis it was counted, the
+    amount Kafka acknowledged (``None`` before the row itself was), the revisions acknowledged,
+    and the amount an import set out to send and did not see acknowledged."""
+
+    basis: str
+    micro: int | None
+    step: int = 0
+    pending: int | None = None
+
+    def encode(self) -> str:
+        return ":".join([self.basis, _text(self.micro), str(self.step), _text(self.pending)])
+
+    @classmethod
+    def decode(cls, text: str) -> RowState:
+        basis, micro, step, pending = text.split(":")
+        return cls(basis, _number(micro), int(step), _number(pending))
+
+    def sending(self, micro: int) -> RowState:
+        """This state while ``micro`` is being sent."""
+        return RowState(self.basis, self.micro, self.step, micro)
+
+
+def unfinished(row: Converted, state: RowState) -> tuple[Converted, RowState]:
+    """The step an earlier import set out to send and did not see acknowledged, as it was
+    (the same ids and amount, on the row as this export describes it), and the state once
+    Kafka has it."""
+    assert state.pending is not None
+    if state.micro is None:
+        return _whole(row, state.pending), RowState(state.basis, state.pending)
+    step = state.step + 1
+    return (_revision(row, step, state.pending - state.micro),
+            RowState(state.basis, state.pending, step))
+
+
+def next_step(row: Converted, basis: str, state: RowState | None
+              ) -> tuple[Converted, RowState] | None:
+    """What to send for ``row`` now, and the state once Kafka has it; ``None`` when nothing
+    changed, or when the row was counted on the other cost basis (the first basis stays).
+    ``state`` has no pending step (``unfinished`` went first)."""
+    if state is None:
+        return row, RowState(basis, row.micro)
+    if state.basis != basis or state.micro == row.micro:
         return None
-    delta = row.micro - counted.micro
-    step = hashlib.sha256(f"{counted.micro}>{row.micro}".encode()).hexdigest()[:12]
-    event = row.event.model_copy(update={
-        "event_id": f"{row.event.event_id}:r{step}", "cost": delta / MICRO,
-        "quantity": delta / MICRO if delta > 0 else 0.0, "charge": ChargeKind.adjustment})
-    return Converted(event, delta)
+    before = 0 if state.micro is None else state.micro
+    step = state.step + 1
+    return _revision(row, step, row.micro - before), RowState(basis, row.micro, step)
+
+
+def _amount(micro: int) -> dict[str, object]:
+    return {"cost": micro / MICRO, "quantity": micro / MICRO if micro > 0 else 0.0}
+
+
+def _whole(row: Converted, micro: int) -> Converted:
+    """The row with another amount, under its own ids (spread pieces as it was spread)."""
+    if micro == row.micro:
+        return row
+    pieces: tuple[UsageEvent, ...] = tuple(
+        piece.model_copy(update=_amount(share))
+        for piece, share in zip(row.pieces, split_micro(micro, len(row.pieces)), strict=True)
+    ) if row.pieces else ()
+    return Converted(row.event.model_copy(update=_amount(micro)), micro, pieces)
+
+
+def _revision(row: Converted, step: int, delta: int) -> Converted:
+    """Revision ``step`` of the row: one adjustment of ``delta`` at the row's time (a spread
+    row's lands in its first hour)."""
+    return Converted(row.event.model_copy(update={
+        "event_id": f"{row.event.event_id}:r{step}", "charge": ChargeKind.adjustment,
+        **_amount(delta)}), delta)
+
+
+def _text(number: int | None) -> str:
+    return "" if number is None else str(number)
+
+
+def _number(text: str) -> int | None:
+    return None if text == "" else int(text)

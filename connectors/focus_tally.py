@@ -22,6 +22,8 @@ class ImportTally:
     revised_rows: int = 0  # counted before with another amount: the difference sent
     unchanged_rows: int = 0  # counted before with this amount: nothing sent
     other_basis_rows: int = 0  # of those, counted on the other cost basis, which stays
+    resent_rows: int = 0  # steps an earlier import left unacknowledged, sent again as they were
+    unsent_rows: int = 0  # such steps Kafka did not acknowledge this time either: next import
     events: int = 0
     cost_micro: int = 0
     credits_micro: int = 0
@@ -70,6 +72,8 @@ class ImportTally:
             "rows_revised": self.revised_rows,
             "rows_unchanged": self.unchanged_rows,
             "rows_on_other_basis": self.other_basis_rows,
+            "rows_resent": self.resent_rows,
+            "rows_unsent": self.unsent_rows,
             "events": self.events,
             "cost_total": format_micro(self.cost_micro),
             "gross_total": format_micro(self.cost_micro + self.credits_micro),

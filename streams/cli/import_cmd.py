@@ -14,13 +14,14 @@ import hashlib
 import json
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import typer
+from redis.exceptions import LockError
 from rich.console import Console
 
 from costline.connectors.focus import (
@@ -34,8 +35,8 @@ from costline.connectors.focus import (
     price_book_lines,
     read_rows,
 )
-from costline.connectors.focus_ledger import RowLedger
-from costline.connectors.focus_revision import revision
+from costline.connectors.focus_ledger import LOCK_S, RowLedger
+from costline.connectors.focus_revision import RowState, next_step, unfinished
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.kafka import partition_of
 from costline.connectors.redis_client import connect
@@ -165,10 +166,11 @@ def _refuse_without_prices(book: PriceBook, missing: set[str], prices: Path) -> 
 
 
 class Delivery:
-    """Converted rows to Kafka a chunk at a time: each chunk's rows looked up in the row ledger,
-    what changed since an earlier import sent (``focus_revision``), Kafka's acknowledgement of
-    the chunk awaited, and only then its rows recorded. A dry run (no stream) takes every row
-    as never imported and sends nothing."""
+    """Converted rows to Kafka a chunk at a time, with the row memory written ahead
+    (``focus_revision``): first the steps an earlier import left unacknowledged, sent again
+    as they were; then what changed since, marked pending before it is sent and counted once
+    Kafka has acknowledged it. A dry run (no stream, no memory) takes every row as new and
+    sends nothing."""
 
     CHUNK_ROWS = 2000
 
@@ -186,24 +188,48 @@ class Delivery:
     def flush(self) -> None:
         rows, self.pending = self.pending, []
         keys = [(str(row.event.ts)[:7], row.event.event_id) for row in rows]  # month, row id
-        counted = self.ledger.counted(keys) if self.ledger else [None] * len(rows)
-        changed = []
-        for row, key, before in zip(rows, keys, counted, strict=True):
-            sent = revision(row, self.basis, before)
-            if before is not None and before.basis != self.basis:
+        states: list[RowState | None] = \
+            self.ledger.states(keys) if self.ledger else [None] * len(rows)
+        again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
+                 if state is not None and state.pending is not None}
+        if again and self._sent([sent for sent, _ in again.values()]):
+            self._write((keys[index], done) for index, (_, done) in again.items())
+            for index, (_, done) in again.items():
+                states[index] = done
+            self.tally.resent_rows += len(again)
+        steps = []
+        for index, (row, state) in enumerate(zip(rows, states, strict=True)):
+            if state is not None and state.pending is not None:  # still unacknowledged
+                self.tally.rows += 1
+                self.tally.unsent_rows += 1
+                continue
+            step = next_step(row, self.basis, state)
+            self.tally.count(None if step is None else step[0], revised=state is not None)
+            if step is not None:
+                other = state or RowState(self.basis, None)
+                steps.append((keys[index], other.sending(row.micro), *step))
+            elif state is not None and state.basis != self.basis:
                 self.tally.other_basis_rows += 1
-            self.tally.count(sent, revised=before is not None)
-            if sent is not None:
-                changed.append((*key, row.micro))
-                if self.stream is not None:
-                    for event in sent.events:
-                        self.stream.emit(event)
-        if self.stream is None or self.summary is None or not changed:
+        if not steps or self.stream is None:
             return
+        self._write((key, ahead) for key, ahead, _, _ in steps)
+        if self._sent([sent for _, _, sent, _ in steps]):
+            self._write((key, done) for key, _, _, done in steps)
+
+    def _sent(self, rows: list[Converted]) -> bool:
+        """Send the rows' events; True once Kafka has acknowledged every one of them."""
+        if self.stream is None or self.summary is None:
+            return False
         failed = self.summary.failed_messages
+        for row in rows:
+            for event in row.events:
+                self.stream.emit(event)
         self.stream.flush()
-        if self.ledger is not None and self.summary.failed_messages == failed:
-            self.ledger.record(self.basis, changed)
+        return self.summary.failed_messages == failed
+
+    def _write(self, states: Iterable[tuple[tuple[str, str], RowState]]) -> None:
+        if self.ledger is not None:
+            self.ledger.write(states)
 
 
 def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter,
@@ -284,6 +310,12 @@ class ImportReport:
         if tally.revised_rows:
             typer.echo(f"  {_count(tally.revised_rows, 'row')} revised since an earlier import: "
                        "the difference sent as an adjustment")
+        if tally.resent_rows:
+            typer.echo(f"  {_count(tally.resent_rows, 'row')} an earlier import left "
+                       "unacknowledged: sent again as they were (counted once)")
+        if tally.unsent_rows:
+            typer.echo(f"  {_count(tally.unsent_rows, 'row')} still unacknowledged by Kafka: "
+                       "run the import again")
         for reason, rows in sorted(tally.skipped_rows.items()):
             if reason in HELD:
                 typer.echo(f"  held {_count(rows, 'row')} ({reason.value}): "
@@ -333,6 +365,15 @@ def check_parts(files: list[Path], basis: CostBasis, spread: bool) -> None:
                 "are two imports)"))
 
 
+@contextmanager
+def _released(lock: Any) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        with suppress(LockError):  # held past its timeout and taken over: nothing to release
+            lock.release()
+
+
 def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run: bool,
                 batch: int, show_progress: bool, spread: bool = False) -> ImportReport:
     book = _price_book(ctx)
@@ -349,9 +390,13 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
     settings = settings_of(ctx)
     ledger = None if dry_run else RowLedger(connect(settings.redis_url, timeout_s=30),
                                             settings.namespace)
-    if ledger is not None:
-        ledger.redis.ping()  # before anything is sent
-    with bar, (nullcontext(None) if dry_run else usage_stream(ctx, sent, batch)) as stream:
+    lock = None if ledger is None else ledger.lock()
+    if lock is not None and not lock.acquire(blocking=False):
+        _err.print("[bold red]costline import:[/] another import of this namespace is running "
+                   f"(it holds the lock for at most {LOCK_S // 60} minutes); run one at a time")
+        raise typer.Exit(2)
+    with bar, (nullcontext() if lock is None else _released(lock)), \
+            (nullcontext(None) if dry_run else usage_stream(ctx, sent, batch)) as stream:
         delivery = Delivery(tally, basis, stream, ledger, sent)
         for file in files:
             try:

@@ -29,6 +29,7 @@ import pytest
 
 from costline.connectors.focus import missing_prices, price_book_lines
 from costline.connectors.focus_export import FOCUS_COLUMNS, hours_in
+from costline.connectors.focus_ledger import RowLedger
 from costline.connectors.redis_client import connect
 from costline.connectors.redis_state import RedisState
 from costline.rules.prices import PriceBook
@@ -297,6 +298,14 @@ def test_a_later_export_sends_what_changed_whenever_it_is_imported(
     again = bill.import_focus(_file(tmp_path / "day-3-again.csv", later))
     assert (again["rows_unchanged"], again["sent_events"]) == (3, 0)
     assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 14_500_000
+
+    held = RowLedger(redis, bill.env["COSTLINE_NAMESPACE"]).lock()
+    assert held.acquire(blocking=False)
+    try:  # two imports of one namespace at once could both send the same change
+        done = run_cli(bill.env, "import", "focus", str(tmp_path / "day-3.csv"))
+        assert done.returncode == 2 and "another import of this namespace" in done.stderr
+    finally:
+        held.release()
 
 
 # -- out ----------------------------------------------------------------------------------------

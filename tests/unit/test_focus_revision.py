@@ -1,34 +1,48 @@
-"""What a later import sends for a bill row an earlier one counted: a table of cases."""
+"""What later imports send for a bill row an earlier one counted, and the row memory written
+ahead: whatever Kafka acknowledges or not, in whatever order the exports come, what a worker
+that counts each event id once ends up with is the latest export's amount."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from costline.connectors.focus import Converted, CostBasis, FocusConverter
-from costline.connectors.focus_ledger import Counted
-from costline.connectors.focus_revision import revision
-from costline.rules.events import ChargeKind, Parsed, dump_event, parse_message
+from costline.connectors.focus_revision import RowState, next_step, unfinished
+from costline.connectors.focus_tally import ImportTally
+from costline.rules.events import ChargeKind, Parsed, UsageEvent, dump_event, parse_message
+from costline.streams.cli.import_cmd import Delivery
+from costline.streams.cli.produce_cmd import Summary
 from tests.unit.test_focus import NOW, row
 
-EFFECTIVE = CostBasis.effective.value
+EFFECTIVE = CostBasis.effective
 
 
-def converted(cost: str = "10.25", **cells: str) -> Converted:
-    outcome = FocusConverter(CostBasis.effective, "USD", now=NOW).convert(
+def converted(cost: str = "10.25", spread: bool = False, **cells: str) -> Converted:
+    outcome = FocusConverter(EFFECTIVE, "USD", now=NOW, spread=spread).convert(
         row(EffectiveCost=cost, **cells))
     assert isinstance(outcome, Converted)
     return outcome
 
 
-def test_a_row_never_counted_is_sent_whole() -> None:
+def micro_of(event: UsageEvent) -> int:
+    parsed = parse_message(dump_event(event), now=NOW)  # what the worker reads
+    assert isinstance(parsed, Parsed)
+    return round(parsed.events[0].cost * 1_000_000)  # type: ignore[union-attr]
+
+
+def test_the_states_round_trip() -> None:
+    for state in (RowState("effective", None, 0, 5), RowState("billed", -3, 2, None)):
+        assert RowState.decode(state.encode()) == state
+
+
+def test_a_new_row_is_sent_whole_and_the_same_again_sends_nothing() -> None:
     first = converted()
-    assert revision(first, EFFECTIVE, None) is first
-
-
-@pytest.mark.parametrize("counted", [Counted(EFFECTIVE, 10_250_000),  # the same amount
-                                     Counted("billed", 12_500_000)])  # the other basis stays
-def test_a_row_counted_as_it_is_sends_nothing(counted: Counted) -> None:
-    assert revision(converted(), EFFECTIVE, counted) is None
+    sent, done = next_step(first, "effective", None)  # type: ignore[misc]
+    assert sent is first and done == RowState("effective", 10_250_000)
+    assert next_step(converted(), "effective", done) is None
+    assert next_step(converted(), "billed", done) is None  # the first basis stays
 
 
 @pytest.mark.parametrize(("before", "now", "delta"), [
@@ -38,23 +52,99 @@ def test_a_row_counted_as_it_is_sends_nothing(counted: Counted) -> None:
 ])
 def test_a_revised_row_sends_its_difference_as_an_adjustment(
         before: str, now: str, delta: int) -> None:
-    first, later = converted(before), converted(now)
-    sent = revision(later, EFFECTIVE, Counted(EFFECTIVE, first.micro))
-    assert sent is not None and sent.micro == delta and len(sent.events) == 1
-    event = sent.event
-    assert (event.charge, event.ts, event.tags) == (ChargeKind.adjustment, first.event.ts,
-                                                   first.event.tags)
-    assert event.event_id.startswith(first.event.event_id + ":r")
-    # what the worker reads: the difference to the micro-unit, a negative one allowed
-    parsed = parse_message(dump_event(event), now=NOW)
-    assert isinstance(parsed, Parsed) and round(parsed.events[0].cost * 1_000_000) == delta  # type: ignore[union-attr]
-    again = revision(later, EFFECTIVE, Counted(EFFECTIVE, first.micro))
-    assert again is not None and again.event.event_id == event.event_id  # sent again: once
+    first = converted(before)
+    step = next_step(converted(now), "effective", RowState("effective", first.micro, 3))
+    assert step is not None
+    sent, done = step
+    assert (sent.micro, done) == (delta, RowState("effective", first.micro + delta, 4))
+    assert (sent.event.event_id, sent.event.charge) == (first.event.event_id + ":r4",
+                                                        ChargeKind.adjustment)
+    assert (sent.event.ts, sent.event.tags, len(sent.events)) == (first.event.ts,
+                                                                  first.event.tags, 1)
+    assert micro_of(sent.event) == delta
 
 
-def test_each_step_of_a_row_revised_twice_has_an_id_of_its_own() -> None:
-    a, b, c = converted("1.00"), converted("2.00"), converted("3.00")
-    first = revision(b, EFFECTIVE, Counted(EFFECTIVE, a.micro))
-    second = revision(c, EFFECTIVE, Counted(EFFECTIVE, b.micro))
-    assert first is not None and second is not None
-    assert first.event.event_id != second.event.event_id
+def test_an_unfinished_step_is_sent_again_as_it_was() -> None:
+    """The export changed since (15), but what was set out (12) goes again, under its ids."""
+    now = converted("15", spread=True, ChargePeriodEnd="2024-09-19 00:00:00")
+    whole, done = unfinished(now, RowState("effective", None, 0, 12_000_000))
+    assert [e.event_id for e in whole.events] == [e.event_id for e in now.events]
+    assert sum(micro_of(e) for e in whole.events) == 12_000_000
+    assert done == RowState("effective", 12_000_000)
+    again, done = unfinished(now, RowState("effective", 10_000_000, 2, 12_000_000))
+    assert (again.event.event_id, micro_of(again.event)) == (now.event.event_id + ":r3",
+                                                             2_000_000)
+    assert done == RowState("effective", 12_000_000, 3)
+
+
+class Memory:
+    """The row memory, as a dict."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, str], RowState] = {}
+
+    def states(self, rows: list[tuple[str, str]]) -> list[RowState | None]:
+        return [self.held.get(key) for key in rows]
+
+    def write(self, states: Any) -> None:
+        self.held.update(dict(states))
+
+
+class Kafka:
+    """Takes events and, on flush, hands them to a worker that counts each id once, or fails
+    them all (``down``)."""
+
+    def __init__(self, summary: Summary) -> None:
+        self.summary, self.down = summary, False
+        self.flight: list[UsageEvent] = []
+        self.counted: dict[str, int] = {}
+
+    def emit(self, event: UsageEvent) -> None:
+        self.flight.append(event)
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        for event in self.flight:
+            if self.down:
+                self.summary.failed(ConnectionError("broker away"))
+            else:
+                self.counted.setdefault(event.event_id, micro_of(event))
+        self.flight = []
+
+
+def test_the_worker_ends_with_the_latest_amount_whatever_kafka_did() -> None:
+    memory, summary = Memory(), Summary()
+    kafka = Kafka(summary)
+
+    def import_(cost: str, down: bool = False) -> ImportTally:
+        kafka.down, tally = down, ImportTally()
+        delivery = Delivery(tally, EFFECTIVE, kafka, memory, summary)  # type: ignore[arg-type]
+        delivery.add(converted(cost))
+        delivery.flush()
+        return tally
+
+    import_("10")
+    assert sum(kafka.counted.values()) == 10_000_000
+    for cost in ("12.5", "10", "12.5"):  # back and forth: each step an id of its own
+        import_(cost)
+        assert sum(kafka.counted.values()) == round(float(cost) * 1_000_000)
+    import_("14", down=True)  # set out, never acknowledged
+    assert sum(kafka.counted.values()) == 12_500_000
+    tally = import_("15")  # the 14 goes again as it was, then 15
+    assert (tally.resent_rows, tally.revised_rows) == (1, 1)
+    assert sum(kafka.counted.values()) == 15_000_000
+    assert import_("16", down=True).unsent_rows == 0
+    tally = import_("17", down=True)  # the 16 is still pending: nothing new is set out
+    assert (tally.unsent_rows, sum(kafka.counted.values())) == (1, 15_000_000)
+    import_("17")
+    assert sum(kafka.counted.values()) == 17_000_000
+
+
+def test_a_new_row_whose_first_send_failed_is_counted_once_at_its_latest_amount() -> None:
+    memory, summary = Memory(), Summary()
+    kafka = Kafka(summary)
+    for cost, down in (("12", True), ("15", False)):
+        kafka.down = down
+        delivery = Delivery(ImportTally(), EFFECTIVE, kafka, memory, summary)  # type: ignore[arg-type]
+        delivery.add(converted(cost))
+        delivery.flush()
+    assert sum(kafka.counted.values()) == 15_000_000
