@@ -93,9 +93,9 @@ class SkipReason(StrEnum):
     bad_timestamp = "bad_timestamp"
     future = "future"  # an hour of the charge starts more than 10 minutes ahead: refused
     no_rate = "no_rate"  # another currency, and the price book has no rate for it then
-    # A usage-based charge whose period is not over: the provider's amount still grows, and
-    # the row's id (its identity, amounts apart) would keep the first one. Held, not faulty:
-    # the row counts when the file is imported again after its period ends.
+    # A usage-based charge whose period is not over: what the provider states is only what it
+    # came to so far. Held, not faulty: the first import after its period ends counts it, and
+    # a later revision of it is sent as the difference (focus_revision).
     open = "open"
 
 

@@ -97,7 +97,6 @@ class PartitionBatcher:
 
 
 UsageTopicEvent = UsageEvent | UtilizationEvent | RunEndEvent
-Emit = Callable[[UsageTopicEvent], None]
 
 
 @dataclass
