@@ -110,6 +110,9 @@ def register(app: typer.Typer) -> None:
         fault_rate: float | None = typer.Option(None, metavar="PER_DAY", help="Interruptions "
                                                 "per accelerator-day to assume while too few "
                                                 "faults are measured (Llama 3: 0.000474)."),
+        at: str | None = typer.Option(None, metavar="TIME", help="Advise as of this moment: "
+                                      "RFC 3339 with an offset, Unix seconds, or a time ago "
+                                      "such as -2h; default now."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON, money as decimal "
                                      "strings."),
     ) -> None:
@@ -119,6 +122,7 @@ def register(app: typer.Typer) -> None:
         from costline.rules.kinds.checkpoint_interval import CheckpointIntervalRule
         from costline.rules.loader import load_rules
         from costline.streams.cli.alerts_cmd import parse_matchers
+        from costline.streams.cli.root import moment
         from costline.streams.cli.training import reading
 
         read = reading(ctx)
@@ -141,8 +145,8 @@ def register(app: typer.Typer) -> None:
                                          param_hint="--fault-rate")
             update["fault_rate"] = Decimal(str(fault_rate))
         advised = chosen.model_copy(update=update)
-        report = advice_report(advised.advice(read.state, time.time()),
-                               read.prices.currency)
+        now = moment(at, time.time(), read.settings.timezone)
+        report = advice_report(advised.advice(read.state, now), read.prices.currency)
         if as_json:
             typer.echo(json.dumps(report, indent=2))
         else:
