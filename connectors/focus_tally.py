@@ -55,6 +55,11 @@ class ImportTally:
             self.skipped_micro.setdefault(outcome.reason, Counter())[outcome.currency] += \
                 outcome.micro
 
+    def count_unsent(self) -> None:
+        """A row whose earlier step Kafka did not acknowledge again: nothing new was set out."""
+        self.rows += 1
+        self.unsent_rows += 1
+
     @property
     def invalid_rows(self) -> int:
         """Rows skipped for a fault in the data (held rows are not)."""

@@ -199,8 +199,7 @@ class Delivery:
         steps = []
         for index, (row, state) in enumerate(zip(rows, states, strict=True)):
             if state is not None and state.pending is not None:  # still unacknowledged
-                self.tally.rows += 1
-                self.tally.unsent_rows += 1
+                self.tally.count_unsent()
                 continue
             step = next_step(row, self.basis, state)
             self.tally.count(None if step is None else step[0], revised=state is not None)

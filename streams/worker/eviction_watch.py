@@ -27,9 +27,13 @@ WARNING = "redis_eviction"
 class EvictionWatch:
     def __init__(self, redis: RedisClient, health: Health) -> None:
         self.redis, self.health = redis, health
-        self.evicting = 0
         self._found: list[str] = []
         self._unreadable: str | None = None
+
+    @property
+    def evicting(self) -> int:
+        """Servers found that may evict costline's keys (the gauge)."""
+        return len(self._found)
 
     async def check(self) -> None:
         """One round; Redis being away is left to the callers' own reports."""
@@ -47,7 +51,7 @@ class EvictionWatch:
                 log.error("%s (docs/OPERATIONS.md, Redis)", line)
             if self._found and not found:
                 log.info("Redis no longer evicts costline's keys")
-        self._found, self.evicting = found, len(found)
+        self._found = found
         if found:
             self.health.warnings[WARNING] = "; ".join(found)
         else:
