@@ -92,11 +92,21 @@ def _whole(row: Converted, micro: int) -> Converted:
 
 
 def _revision(row: Converted, step: int, delta: int) -> Converted:
-    """Revision ``step`` of the row: one adjustment of ``delta`` at the row's time (a spread
-    row's lands in its first hour)."""
-    return Converted(row.event.model_copy(update={
-        "event_id": f"{row.event.event_id}:r{step}", "charge": ChargeKind.adjustment,
-        **_amount(delta)}), delta)
+    """Revision ``step`` of the row: one adjustment of ``delta`` at the row's time, with the
+    id ``<row id>:r<step>``; a spread row's is spread as the row is, over the same hours
+    (``<row id>:r<step>/<hour>``), so each hour follows the bill. An hour whose share is less
+    than a micro-unit gets no event."""
+    event_id = f"{row.event.event_id}:r{step}"
+    adjustment = row.event.model_copy(update={
+        "event_id": event_id, "charge": ChargeKind.adjustment, **_amount(delta)})
+    pieces = tuple(
+        piece.model_copy(update={"event_id": f"{event_id}/{index}",
+                                 "charge": ChargeKind.adjustment, **_amount(share)})
+        for index, (piece, share) in enumerate(
+            zip(row.pieces, split_micro(delta, len(row.pieces)), strict=True))
+        if share
+    ) if row.pieces else ()
+    return Converted(adjustment, delta, pieces)
 
 
 def _text(number: int | None) -> str:

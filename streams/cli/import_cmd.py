@@ -39,7 +39,7 @@ from costline.connectors.focus_ledger import LOCK_S, RowLedger
 from costline.connectors.focus_revision import RowState, next_step, unfinished
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.kafka import partition_of
-from costline.connectors.redis_client import connect
+from costline.connectors.redis_client import FAILURES, connect
 from costline.rules.events import (
     MAX_BATCH,
     RunEndEvent,
@@ -61,6 +61,7 @@ from costline.streams.cli.produce_cmd import (
     _progress,
 )
 from costline.streams.cli.root import settings_of
+from costline.streams.settings import without_password
 
 DEFAULT_BATCH = 1000
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -168,8 +169,8 @@ class Delivery:
     """Converted rows to Kafka a chunk at a time, with the row memory written ahead
     (``focus_revision``): first the steps an earlier import left unacknowledged, sent again
     as they were; then what changed since, marked pending before it is sent and counted once
-    Kafka has acknowledged it. A dry run (no stream, no memory) takes every row as new and
-    sends nothing."""
+    Kafka has acknowledged it. A dry run (no stream) reads the memory, when there is one, and
+    tallies what the import would send, writing nothing and sending nothing."""
 
     CHUNK_ROWS = 2000
 
@@ -191,7 +192,7 @@ class Delivery:
             self.ledger.states(keys) if self.ledger else [None] * len(rows)
         again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
                  if state is not None and state.pending is not None}
-        if again and self._sent([sent for sent, _ in again.values()]):
+        if again and (self.stream is None or self._sent([sent for sent, _ in again.values()])):
             self._write((keys[index], done) for index, (_, done) in again.items())
             for index, (_, done) in again.items():
                 states[index] = done
@@ -226,7 +227,7 @@ class Delivery:
         return self.summary.failed_messages == failed
 
     def _write(self, states: Iterable[tuple[tuple[str, str], RowState]]) -> None:
-        if self.ledger is not None:
+        if self.ledger is not None and self.stream is not None:  # a dry run writes nothing
             self.ledger.write(states)
 
 
@@ -262,6 +263,7 @@ class ImportReport:
     seconds: float
     missing_prices: list[str]
     spread: bool = False
+    memory_unread: str | None = None  # why a dry run did not read the row memory
 
     def as_dict(self) -> dict[str, Any]:
         sent = self.sent.as_dict()
@@ -272,6 +274,7 @@ class ImportReport:
             "currency": self.currency,
             "dry_run": self.dry_run,
             "spread": self.spread,
+            "row_memory": "read" if self.memory_unread is None else "unread",
             **self.tally.as_dict(),
             "sent_events": sent["sent_events"],
             "sent_messages": sent["sent_messages"],
@@ -297,6 +300,9 @@ class ImportReport:
                    f"{money(tally.credits_micro)} credits)")
         if self.dry_run:
             typer.echo(f"dry run: would send {_count(tally.events, 'event')}, {amounts}")
+            if self.memory_unread is not None:
+                typer.echo(f"  the row memory was not read ({self.memory_unread}): every row "
+                           "taken as new, which an import would not do for rows counted before")
         else:
             typer.echo(f"sent {_count(self.sent.sent_events, 'event')} in "
                        f"{_count(self.sent.sent_messages, 'message')}: {amounts}")
@@ -309,8 +315,9 @@ class ImportReport:
             typer.echo(f"  {_count(tally.revised_rows, 'row')} revised since an earlier import: "
                        "the difference sent as an adjustment")
         if tally.resent_rows:
+            verb = "would be sent" if self.dry_run else "sent"
             typer.echo(f"  {_count(tally.resent_rows, 'row')} an earlier import left "
-                       "unacknowledged: sent again as they were (counted once)")
+                       f"unacknowledged: {verb} again as they were (counted once)")
         if tally.unsent_rows:
             typer.echo(f"  {_count(tally.unsent_rows, 'row')} still unacknowledged by Kafka: "
                        "run the import again")
@@ -332,6 +339,8 @@ class ImportReport:
                        "the worker would refuse these events")
 
 
+# How long a dry run waits for Redis before it goes without the row memory.
+DRY_RUN_REDIS_S = 3.0
 # What a file that is not a readable FOCUS CSV raises (a truncated gzip: EOFError).
 UNREADABLE = (FocusFormatError, csv.Error, UnicodeDecodeError, OSError, EOFError, zlib.error)
 
@@ -386,9 +395,8 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
     # distinct charges, numbered across the parts as within one file.
     check_parts(files, basis, spread)
     settings = settings_of(ctx)
-    ledger = None if dry_run else RowLedger(connect(settings.redis_url, timeout_s=30),
-                                            settings.namespace)
-    lock = None if ledger is None else ledger.lock()
+    ledger, unread = _row_memory(settings, dry_run)
+    lock = None if ledger is None or dry_run else ledger.lock()
     if lock is not None and not lock.acquire(blocking=False):
         _err.print("[bold red]costline import:[/] another import of this namespace is running "
                    f"(it holds the lock for at most {LOCK_S // 60} minutes); run one at a time")
@@ -408,7 +416,22 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
                     "counts once)")) from exc
     return ImportReport([str(file) for file in files], basis, book.currency, dry_run, tally, sent,
                         dict(converter.warnings), time.perf_counter() - began, sorted(missing),
-                        spread)
+                        spread, unread)
+
+
+def _row_memory(settings: Any, dry_run: bool) -> tuple[RowLedger | None, str | None]:
+    """The namespace's row memory, and why a dry run goes without it. An import needs it (a
+    Redis that does not answer fails the import); a dry run reads it when Redis answers, so
+    that it says what the import would send, and otherwise takes every row as new."""
+    if not dry_run:
+        return RowLedger(connect(settings.redis_url, timeout_s=30), settings.namespace), None
+    try:
+        redis = connect(settings.redis_url, timeout_s=DRY_RUN_REDIS_S,
+                        connect_timeout_s=DRY_RUN_REDIS_S)
+        redis.ping()
+    except (*FAILURES, OSError, ValueError) as exc:
+        return None, f"Redis at {without_password(settings.redis_url)}: {type(exc).__name__}"
+    return RowLedger(redis, settings.namespace), None
 
 
 import_app = typer.Typer(name="import", help="Import billing data as usage events.",

@@ -40,6 +40,7 @@ from tests.integration.focus_validator import FocusValidator, focus_validator  #
 from tests.integration.streamkit import (
     REPO,
     Worker,
+    cli_json,
     micro_of,
     run_cli,
     spend_json,
@@ -285,7 +286,14 @@ def test_a_later_export_sends_what_changed_whenever_it_is_imported(
     later = [_row("2024-08-10 10:00:00", "12.5", currency="USD"),  # revised up
              _row("2024-08-11 10:00:00", "-2", "Credit", currency="USD"),  # as it was
              _row("2024-08-12 10:00:00", "4", currency="USD")]  # a new day
-    summary = bill.import_focus(_file(tmp_path / "day-3.csv", later))
+    # A dry run reads the memory: it says what the import will send, and sends nothing.
+    preview = cli_json(bill.env, "import", "focus", str(_file(tmp_path / "day-3.csv", later)),
+                       "--dry-run")
+    assert (preview["row_memory"], preview["rows_counted"], preview["rows_revised"],
+            preview["rows_unchanged"], preview["events"], preview["sent_events"]) == (
+        "read", 1, 1, 1, 2, 0)
+    assert preview["cost_by_charge"] == {"adjustment": "2.500000", "usage": "4.000000"}
+    summary = bill.import_focus(tmp_path / "day-3.csv")
     assert (summary["rows_counted"], summary["rows_revised"], summary["rows_unchanged"]) == (
         1, 1, 1)
     assert summary["cost_by_charge"] == {"adjustment": "2.500000", "usage": "4.000000"}
@@ -304,6 +312,9 @@ def test_a_later_export_sends_what_changed_whenever_it_is_imported(
     try:  # two imports of one namespace at once could both send the same change
         done = run_cli(bill.env, "import", "focus", str(tmp_path / "day-3.csv"))
         assert done.returncode == 2 and "another import of this namespace" in done.stderr
+        # A dry run writes nothing and takes no lock.
+        preview = cli_json(bill.env, "import", "focus", str(tmp_path / "day-3.csv"), "--dry-run")
+        assert (preview["rows_unchanged"], preview["events"]) == (3, 0)
     finally:
         held.release()
 

@@ -571,11 +571,15 @@ def test_partition_of_agrees_with_kafkas_default_partitioner() -> None:
 # -- the command, offline -----------------------------------------------------------------------
 
 
+# Nothing listens on port 1: a dry run finds no Redis here, and no test reads another's memory.
+NO_REDIS = {"COSTLINE_REDIS_URL": "redis://127.0.0.1:1/0"}
+
+
 def cli(*args: str) -> Any:
     from costline.streams.cli.root import _register, app
 
     _register()
-    return CliRunner().invoke(app, list(args))
+    return CliRunner().invoke(app, list(args), env=NO_REDIS)
 
 
 @needs_sample
@@ -586,6 +590,15 @@ def test_dry_run_reports_without_kafka() -> None:
     assert (report["rows_read"], report["sent_events"], report["dry_run"]) == (1000, 0, True)
     assert (report["events"], report["skipped"]) == (1000, {})
     assert (report["cost_total"], report["credits_total"]) == ("14.976514", "3.161972")
+    assert report["row_memory"] == "unread"  # no Redis: every row taken as new, and said
+
+
+@needs_sample
+def test_a_dry_run_without_redis_says_it_took_every_row_as_new() -> None:
+    result = cli("import", "focus", str(SAMPLE), "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "the row memory was not read (Redis at redis://127.0.0.1:1/0: ConnectionError)" \
+        in result.stdout
 
 
 def test_an_import_the_worker_could_not_price_stops_before_sending(tmp_path: Path) -> None:

@@ -74,7 +74,27 @@ def test_an_unfinished_step_is_sent_again_as_it_was() -> None:
     again, done = unfinished(now, RowState("effective", 10_000_000, 2, 12_000_000))
     assert (again.event.event_id, micro_of(again.event)) == (now.event.event_id + ":r3",
                                                              2_000_000)
+    assert [e.event_id for e in again.events] == \
+        [f"{now.event.event_id}:r3/{i}" for i in range(len(now.events))]
+    assert sum(micro_of(e) for e in again.events) == 2_000_000
     assert done == RowState("effective", 12_000_000, 3)
+
+
+def test_a_spread_rows_difference_is_spread_over_its_hours() -> None:
+    """Each hour of the period follows the bill: the difference is split as the row is."""
+    day = {"ChargePeriodStart": "2024-09-18 00:00:00", "ChargePeriodEnd": "2024-09-19 00:00:00"}
+    before = converted("24", spread=True, **day)
+    now = converted("48.000024", spread=True, **day)
+    assert len(now.events) == 24
+    sent, _ = next_step(now, "effective", RowState("effective", before.micro))  # type: ignore[misc]
+    assert [(e.ts, e.charge) for e in sent.events] == \
+        [(e.ts, ChargeKind.adjustment) for e in now.events]
+    hourly = [micro_of(a) + micro_of(b) for a, b in zip(before.events, sent.events, strict=True)]
+    assert hourly == [micro_of(e) for e in now.events]  # 2.000001 an hour
+    # A difference smaller than a micro-unit an hour lands where the split puts it.
+    tiny, _ = next_step(now, "effective", RowState("effective", now.micro - 5))  # type: ignore[misc]
+    assert [(e.event_id, micro_of(e)) for e in tiny.events] == \
+        [(f"{now.event.event_id}:r1/23", 5)]
 
 
 class Memory:
@@ -148,3 +168,22 @@ def test_a_new_row_whose_first_send_failed_is_counted_once_at_its_latest_amount(
         delivery.add(converted(cost))
         delivery.flush()
     assert sum(kafka.counted.values()) == 15_000_000
+
+
+def test_a_dry_run_tallies_what_the_import_would_send_and_changes_nothing() -> None:
+    memory, summary = Memory(), Summary()
+    kafka = Kafka(summary)
+    kafka.down = True
+    delivery = Delivery(ImportTally(), EFFECTIVE, kafka, memory, summary)  # type: ignore[arg-type]
+    delivery.add(converted("12"))  # set out, never acknowledged
+    delivery.flush()
+    held = dict(memory.held)
+
+    tally = ImportTally()
+    dry = Delivery(tally, EFFECTIVE, None, memory)  # type: ignore[arg-type]
+    dry.add(converted("15"))
+    dry.flush()
+    # The 12 would go again as it was, then the difference to 15.
+    assert (tally.resent_rows, tally.revised_rows, tally.unsent_rows) == (1, 1, 0)
+    assert (tally.events, tally.cost_micro + tally.credits_micro) == (1, 3_000_000)
+    assert memory.held == held
