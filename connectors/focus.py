@@ -300,6 +300,9 @@ class FocusConverter:
     now: float = field(default_factory=time.time)
     rates: RateTable = field(default_factory=lambda: RateTable({}))
     spread: bool = False
+    # Hold usage-based charges whose period is not over (``open``). Off for ``--record-only``,
+    # which records what imports counted before they held such rows: the row as it stood.
+    hold: bool = True
     warnings: Counter[str] = field(default_factory=Counter)
     _seen: Counter[str] = field(default_factory=Counter)
 
@@ -322,7 +325,7 @@ class FocusConverter:
             amount = converted
         micro = to_micro(amount)
         ahead = self.now + MAX_FUTURE_S
-        if hours[0].timestamp() <= ahead and self._still_accruing(row):
+        if self.hold and hours[0].timestamp() <= ahead and self._still_accruing(row):
             return Skipped(SkipReason.open, micro, self.currency)
         if hours[-1].timestamp() > ahead:  # spread, a fee's last hours are ahead too
             return Skipped(SkipReason.future, micro, self.currency)

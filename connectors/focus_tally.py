@@ -24,6 +24,7 @@ class ImportTally:
     other_basis_rows: int = 0  # of those, counted on the other cost basis, which stays
     resent_rows: int = 0  # steps an earlier import left unacknowledged, sent again as they were
     unsent_rows: int = 0  # such steps Kafka did not acknowledge this time either: next import
+    recorded_rows: int = 0  # --record-only: recorded as counted by an earlier import
     events: int = 0
     cost_micro: int = 0
     credits_micro: int = 0
@@ -79,6 +80,7 @@ class ImportTally:
             "rows_on_other_basis": self.other_basis_rows,
             "rows_resent": self.resent_rows,
             "rows_unsent": self.unsent_rows,
+            "rows_recorded": self.recorded_rows,
             "events": self.events,
             "cost_total": format_micro(self.cost_micro),
             "gross_total": format_micro(self.cost_micro + self.credits_micro),

@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +36,6 @@ from costline.connectors.focus import (
     read_rows,
 )
 from costline.connectors.focus_ledger import LOCK_S, RowLedger
-from costline.connectors.focus_revision import RowState, next_step, unfinished
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.kafka import partition_of
 from costline.connectors.redis_client import FAILURES, connect
@@ -51,6 +50,7 @@ from costline.rules.money import money_micro
 from costline.rules.prices import PriceBook
 from costline.rules.yaml_source import SourceInvalid
 from costline.streams.cli import command_group
+from costline.streams.cli.focus_delivery import Delivery, Recording, Rows
 from costline.streams.cli.produce_cmd import (
     Message,
     Summary,
@@ -165,74 +165,8 @@ def _refuse_without_prices(book: PriceBook, missing: set[str], prices: Path) -> 
     raise typer.Exit(2)
 
 
-class Delivery:
-    """Converted rows to Kafka a chunk at a time, with the row memory written ahead
-    (``focus_revision``): first the steps an earlier import left unacknowledged, sent again
-    as they were; then what changed since, marked pending before it is sent and counted once
-    Kafka has acknowledged it. A dry run (no stream) reads the memory, when there is one, and
-    tallies what the import would send, writing nothing and sending nothing."""
-
-    CHUNK_ROWS = 2000
-
-    def __init__(self, tally: ImportTally, basis: CostBasis, stream: UsageStream | None = None,
-                 ledger: RowLedger | None = None, summary: Summary | None = None) -> None:
-        self.tally, self.basis = tally, basis.value
-        self.stream, self.ledger, self.summary = stream, ledger, summary
-        self.pending: list[Converted] = []
-
-    def add(self, row: Converted) -> None:
-        self.pending.append(row)
-        if len(self.pending) >= self.CHUNK_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        rows, self.pending = self.pending, []
-        keys = [(str(row.event.ts)[:7], row.event.event_id) for row in rows]  # month, row id
-        states: list[RowState | None] = \
-            self.ledger.states(keys) if self.ledger else [None] * len(rows)
-        again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
-                 if state is not None and state.pending is not None}
-        if again and (self.stream is None or self._sent([sent for sent, _ in again.values()])):
-            self._write((keys[index], done) for index, (_, done) in again.items())
-            for index, (_, done) in again.items():
-                states[index] = done
-            self.tally.resent_rows += len(again)
-        steps = []
-        for index, (row, state) in enumerate(zip(rows, states, strict=True)):
-            if state is not None and state.pending is not None:  # still unacknowledged
-                self.tally.count_unsent()
-                continue
-            step = next_step(row, self.basis, state)
-            self.tally.count(None if step is None else step[0], revised=state is not None)
-            if step is not None:
-                other = state or RowState(self.basis, None)
-                steps.append((keys[index], other.sending(row.micro), *step))
-            elif state is not None and state.basis != self.basis:
-                self.tally.other_basis_rows += 1
-        if not steps or self.stream is None:
-            return
-        self._write((key, ahead) for key, ahead, _, _ in steps)
-        if self._sent([sent for _, _, sent, _ in steps]):
-            self._write((key, done) for key, _, _, done in steps)
-
-    def _sent(self, rows: list[Converted]) -> bool:
-        """Send the rows' events; True once Kafka has acknowledged every one of them."""
-        if self.stream is None or self.summary is None:
-            return False
-        failed = self.summary.failed_messages
-        for row in rows:
-            for event in row.events:
-                self.stream.emit(event)
-        self.stream.flush()
-        return self.summary.failed_messages == failed
-
-    def _write(self, states: Iterable[tuple[tuple[str, str], RowState]]) -> None:
-        if self.ledger is not None and self.stream is not None:  # a dry run writes nothing
-            self.ledger.write(states)
-
-
 def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter,
-                 delivery: Delivery, advance: Callable[[int], None]) -> None:
+                 delivery: Rows, advance: Callable[[int], None]) -> None:
     """Every row through the converter; the converted ones to ``delivery``."""
     done = 0
     for number, row in enumerate(read_rows(source, converter.basis, converter.spread), start=1):
@@ -264,6 +198,7 @@ class ImportReport:
     missing_prices: list[str]
     spread: bool = False
     memory_unread: str | None = None  # why a dry run did not read the row memory
+    record_only: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         sent = self.sent.as_dict()
@@ -273,6 +208,7 @@ class ImportReport:
             "cost_basis": self.basis.value,
             "currency": self.currency,
             "dry_run": self.dry_run,
+            "record_only": self.record_only,
             "spread": self.spread,
             "row_memory": "read" if self.memory_unread is None else "unread",
             **self.tally.as_dict(),
@@ -298,7 +234,10 @@ class ImportReport:
         amounts = (f"{money(tally.cost_micro)} net "
                    f"({money(tally.cost_micro + tally.credits_micro)} gross, "
                    f"{money(tally.credits_micro)} credits)")
-        if self.dry_run:
+        if self.record_only:
+            typer.echo(f"recorded {_count(tally.recorded_rows, 'row')} as counted by an earlier "
+                       "import, sent nothing")
+        elif self.dry_run:
             typer.echo(f"dry run: would send {_count(tally.events, 'event')}, {amounts}")
             if self.memory_unread is not None:
                 typer.echo(f"  the row memory was not read ({self.memory_unread}): every row "
@@ -306,7 +245,10 @@ class ImportReport:
         else:
             typer.echo(f"sent {_count(self.sent.sent_events, 'event')} in "
                        f"{_count(self.sent.sent_messages, 'message')}: {amounts}")
-        if tally.unchanged_rows:
+        if tally.unchanged_rows and self.record_only:
+            typer.echo(f"  {_count(tally.unchanged_rows, 'row')} the row memory already held: "
+                       "left as they are")
+        elif tally.unchanged_rows:
             other = f" ({tally.other_basis_rows:,} on the other cost basis, which stays)" \
                 if tally.other_basis_rows else ""
             typer.echo(f"  {_count(tally.unchanged_rows, 'row')} as an earlier import counted "
@@ -382,12 +324,14 @@ def _released(lock: Any) -> Iterator[None]:
 
 
 def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run: bool,
-                batch: int, show_progress: bool, spread: bool = False) -> ImportReport:
+                batch: int, show_progress: bool, spread: bool = False,
+                record_only: bool = False) -> ImportReport:
     book = _price_book(ctx)
     missing = missing_prices(book)
-    if missing and not dry_run:
+    if missing and not dry_run and not record_only:
         _refuse_without_prices(book, missing, settings_of(ctx).prices)
-    converter = FocusConverter(basis, book.currency, rates=book.rates, spread=spread)
+    converter = FocusConverter(basis, book.currency, rates=book.rates, spread=spread,
+                               hold=not record_only)
     tally, sent = ImportTally(), Summary()
     began = time.perf_counter()
     bar, advance = _progress([str(file) for file in files], show_progress)
@@ -401,9 +345,11 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
         _err.print("[bold red]costline import:[/] another import of this namespace is running "
                    f"(it holds the lock for at most {LOCK_S // 60} minutes); run one at a time")
         raise typer.Exit(2)
+    sending = not dry_run and not record_only
     with bar, (nullcontext() if lock is None else _released(lock)), \
-            (nullcontext(None) if dry_run else usage_stream(ctx, sent, batch)) as stream:
-        delivery = Delivery(tally, basis, stream, ledger, sent)
+            (usage_stream(ctx, sent, batch) if sending else nullcontext(None)) as stream:
+        delivery: Rows = Recording(tally, basis, ledger) if record_only and ledger else \
+            Delivery(tally, basis, stream, ledger, sent)
         for file in files:
             try:
                 with open_focus(file) as (source, raw):
@@ -416,7 +362,7 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
                     "counts once)")) from exc
     return ImportReport([str(file) for file in files], basis, book.currency, dry_run, tally, sent,
                         dict(converter.warnings), time.perf_counter() - began, sorted(missing),
-                        spread, unread)
+                        spread, unread, record_only)
 
 
 def _row_memory(settings: Any, dry_run: bool) -> tuple[RowLedger | None, str | None]:
@@ -449,6 +395,9 @@ def focus(
     spread: bool = typer.Option(False, "--spread", help="Spread a charge over more than an hour "
                                 "(a monthly fee) evenly over its hours, exactly."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Read and convert, send nothing."),
+    record_only: bool = typer.Option(
+        False, "--record-only", help="Record every row as counted, send nothing: for an export "
+        "an import counted before the row memory existed (docs/FOCUS.md, upgrading)."),
     batch: int = typer.Option(DEFAULT_BATCH, min=1, max=MAX_BATCH, help="Events per message."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
@@ -466,9 +415,13 @@ def focus(
         if not file.is_file():
             _err.print(f"[bold red]costline import:[/] {file}: no such file")
             raise typer.Exit(2)
+    if dry_run and record_only:
+        _err.print("[bold red]costline import:[/] --record-only writes the row memory and a dry "
+                   "run writes nothing: give one of them")
+        raise typer.Exit(2)
     try:
         report = _run_import(ctx, files, cost, dry_run, batch,
-                             _err.is_terminal and not as_json, spread)
+                             _err.is_terminal and not as_json, spread, record_only)
     except FileFailed as exc:
         _err.print(f"[bold red]costline import:[/] {exc}")
         raise typer.Exit(2) from exc

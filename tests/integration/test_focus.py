@@ -319,6 +319,35 @@ def test_a_later_export_sends_what_changed_whenever_it_is_imported(
         held.release()
 
 
+def test_an_export_counted_before_the_row_memory_is_recorded_and_not_sent_again(
+    bills: Any, tmp_path: Path,
+) -> None:
+    """Upgrading past the worker's dedup horizon: the export an import counted without a row
+    memory is recorded with ``--record-only``, and the next export sends only its changes."""
+    bill = bills()
+    august = ["--period", "month", "--at", "2024-08-20T00:00:00Z"]
+    rows = [_row("2024-08-10 10:00:00", "10", currency="USD"),
+            _row("2024-08-11 10:00:00", "-2", "Credit", currency="USD")]
+    bill.import_focus(_file(tmp_path / "before.csv", rows))
+    redis = connect(bill.redis_url)
+    ns = bill.env["COSTLINE_NAMESPACE"]
+    # What an older costline left: the sums, no row memory, and the dedup memory long gone.
+    redis.delete(*redis.scan_iter(f"{{{ns}:focus:*}}:rows"),
+                 *redis.scan_iter(f"*{ns}*:dd:*"))
+
+    recorded = bill.import_focus(tmp_path / "before.csv", "--record-only")
+    assert (recorded["record_only"], recorded["rows_recorded"], recorded["sent_events"]) == (
+        True, 2, 0)
+    assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 8_000_000
+    again = bill.import_focus(tmp_path / "before.csv", "--record-only")
+    assert (again["rows_recorded"], again["rows_unchanged"]) == (0, 2)
+
+    later = bill.import_focus(_file(tmp_path / "later.csv", [
+        _row("2024-08-10 10:00:00", "11", currency="USD"), *rows[1:]]))
+    assert (later["rows_revised"], later["rows_unchanged"], later["sent_events"]) == (1, 1, 1)
+    assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 9_000_000
+
+
 # -- out ----------------------------------------------------------------------------------------
 
 

@@ -349,6 +349,14 @@ def test_a_held_row_counts_with_its_final_amount_when_imported_after_its_period(
     assert tally.as_dict()["skipped"] == {"open": {"rows": 1, "cost": {"USD": "3.100000"}}}
 
 
+def test_recording_takes_a_row_still_accruing_as_it_stood() -> None:
+    """Imports before the row memory counted such rows at once: ``--record-only`` records
+    them at their amount, and a later import sends the difference to the final one."""
+    recorded = FocusConverter(CostBasis.effective, "USD", now=NOW, hold=False).convert(
+        row(**TODAY, EffectiveCost="3.10"))
+    assert isinstance(recorded, Converted) and recorded.micro == 3_100_000
+
+
 # -- the tally ------------------------------------------------------------------------------------
 
 
@@ -580,6 +588,14 @@ def cli(*args: str) -> Any:
 
     _register()
     return CliRunner().invoke(app, list(args), env=NO_REDIS)
+
+
+def test_a_record_only_dry_run_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "one.csv"
+    path.write_text(csv_text([row()]))
+    result = cli("import", "focus", str(path), "--dry-run", "--record-only")
+    assert result.exit_code == 2
+    assert "give one of them" in result.output
 
 
 @needs_sample

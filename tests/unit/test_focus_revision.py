@@ -12,7 +12,7 @@ from costline.connectors.focus import Converted, CostBasis, FocusConverter
 from costline.connectors.focus_revision import RowState, next_step, unfinished
 from costline.connectors.focus_tally import ImportTally
 from costline.rules.events import ChargeKind, Parsed, UsageEvent, dump_event, parse_message
-from costline.streams.cli.import_cmd import Delivery
+from costline.streams.cli.focus_delivery import Delivery, Recording
 from costline.streams.cli.produce_cmd import Summary
 from tests.unit.test_focus import NOW, row
 
@@ -187,3 +187,31 @@ def test_a_dry_run_tallies_what_the_import_would_send_and_changes_nothing() -> N
     assert (tally.resent_rows, tally.revised_rows, tally.unsent_rows) == (1, 1, 0)
     assert (tally.events, tally.cost_micro + tally.credits_micro) == (1, 3_000_000)
     assert memory.held == held
+
+
+def test_recording_an_export_counted_before_the_memory_makes_later_imports_send_differences(
+) -> None:
+    """An upgrade: the export was counted by an import that kept no memory. Recorded, it sends
+    nothing again, and a later export sends only what changed."""
+    memory, summary = Memory(), Summary()
+    kafka = Kafka(summary)
+    pending = Delivery(ImportTally(), EFFECTIVE, kafka, memory, summary)  # type: ignore[arg-type]
+    kafka.down = True
+    pending.add(converted("7", ChargePeriodStart="2024-09-17 22:00:00"))
+    pending.flush()  # a row the memory knows, pending: recording leaves it as it is
+    known = dict(memory.held)
+
+    tally = ImportTally()
+    recording = Recording(tally, EFFECTIVE, memory)  # type: ignore[arg-type]
+    for cost, start in (("10", "2024-09-18 22:00:00"), ("9", "2024-09-17 22:00:00")):
+        recording.add(converted(cost, ChargePeriodStart=start))
+    recording.flush()
+    assert (tally.rows, tally.recorded_rows, tally.unchanged_rows, tally.events) == (2, 1, 1, 0)
+    assert all(memory.held[key] == state for key, state in known.items())
+
+    kafka.down, later = False, ImportTally()
+    delivery = Delivery(later, EFFECTIVE, kafka, memory, summary)  # type: ignore[arg-type]
+    delivery.add(converted("12.5", ChargePeriodStart="2024-09-18 22:00:00"))
+    delivery.flush()
+    assert (later.revised_rows, later.converted_rows) == (1, 0)
+    assert sum(kafka.counted.values()) == 2_500_000  # the difference alone

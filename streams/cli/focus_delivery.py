@@ -1,0 +1,131 @@
+"""Where ``costline import focus`` takes converted bill rows: to Kafka with the row memory
+written ahead (``Delivery``), or, with ``--record-only``, into the row memory alone
+(``Recording``). Both take rows a chunk at a time: one round trip to Redis for a chunk's
+states, one for what it writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from costline.connectors.focus import Converted, CostBasis
+from costline.connectors.focus_ledger import RowLedger
+from costline.connectors.focus_revision import RowState, next_step, unfinished
+from costline.connectors.focus_tally import ImportTally
+from costline.rules.events import UsageEvent
+from costline.streams.cli.produce_cmd import Summary
+
+CHUNK_ROWS = 2000
+
+
+class Stream(Protocol):
+    """The usage topic (``import_cmd.UsageStream``)."""
+
+    def emit(self, event: UsageEvent) -> None: ...
+
+    def flush(self, timeout_s: float = 60.0) -> None: ...
+
+
+class Rows(Protocol):
+    """What the import hands converted rows to."""
+
+    tally: ImportTally
+
+    def add(self, row: Converted) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+def row_key(row: Converted) -> tuple[str, str]:
+    """The row's place in the memory: the month of its time, and its id."""
+    return str(row.event.ts)[:7], row.event.event_id
+
+
+class Delivery:
+    """Converted rows to Kafka a chunk at a time, with the row memory written ahead
+    (``focus_revision``): first the steps an earlier import left unacknowledged, sent again
+    as they were; then what changed since, marked pending before it is sent and counted once
+    Kafka has acknowledged it. A dry run (no stream) reads the memory, when there is one, and
+    tallies what the import would send, writing nothing and sending nothing."""
+
+    def __init__(self, tally: ImportTally, basis: CostBasis, stream: Stream | None = None,
+                 ledger: RowLedger | None = None, summary: Summary | None = None) -> None:
+        self.tally, self.basis = tally, basis.value
+        self.stream, self.ledger, self.summary = stream, ledger, summary
+        self.pending: list[Converted] = []
+
+    def add(self, row: Converted) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.pending = self.pending, []
+        keys = [row_key(row) for row in rows]
+        states: list[RowState | None] = \
+            self.ledger.states(keys) if self.ledger else [None] * len(rows)
+        again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
+                 if state is not None and state.pending is not None}
+        if again and (self.stream is None or self._sent([sent for sent, _ in again.values()])):
+            self._write((keys[index], done) for index, (_, done) in again.items())
+            for index, (_, done) in again.items():
+                states[index] = done
+            self.tally.resent_rows += len(again)
+        steps = []
+        for index, (row, state) in enumerate(zip(rows, states, strict=True)):
+            if state is not None and state.pending is not None:  # still unacknowledged
+                self.tally.count_unsent()
+                continue
+            step = next_step(row, self.basis, state)
+            self.tally.count(None if step is None else step[0], revised=state is not None)
+            if step is not None:
+                other = state or RowState(self.basis, None)
+                steps.append((keys[index], other.sending(row.micro), *step))
+            elif state is not None and state.basis != self.basis:
+                self.tally.other_basis_rows += 1
+        if not steps or self.stream is None:
+            return
+        self._write((key, ahead) for key, ahead, _, _ in steps)
+        if self._sent([sent for _, _, sent, _ in steps]):
+            self._write((key, done) for key, _, _, done in steps)
+
+    def _sent(self, rows: list[Converted]) -> bool:
+        """Send the rows' events; True once Kafka has acknowledged every one of them."""
+        if self.stream is None or self.summary is None:
+            return False
+        failed = self.summary.failed_messages
+        for row in rows:
+            for event in row.events:
+                self.stream.emit(event)
+        self.stream.flush()
+        return self.summary.failed_messages == failed
+
+    def _write(self, states: Iterable[tuple[tuple[str, str], RowState]]) -> None:
+        if self.ledger is not None and self.stream is not None:  # a dry run writes nothing
+            self.ledger.write(states)
+
+
+class Recording:
+    """``--record-only``: rows an import counted before the row memory existed are recorded
+    as counted at their amount in this export, and nothing is sent. A row the memory already
+    knows stays as it is (counted, revised or pending)."""
+
+    def __init__(self, tally: ImportTally, basis: CostBasis, ledger: RowLedger) -> None:
+        self.tally, self.basis, self.ledger = tally, basis.value, ledger
+        self.pending: list[Converted] = []
+
+    def add(self, row: Converted) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.pending = self.pending, []
+        keys = [row_key(row) for row in rows]
+        new = [(key, RowState(self.basis, row.micro))
+               for key, row, state in zip(keys, rows, self.ledger.states(keys), strict=True)
+               if state is None]
+        self.ledger.write(new)
+        self.tally.rows += len(rows)
+        self.tally.recorded_rows += len(new)
+        self.tally.unchanged_rows += len(rows) - len(new)
