@@ -312,13 +312,16 @@ class RedisState:
         costs: dict[str, int] = {}
         for fields in hashes:
             _sum_fields(fields, "cost", costs)
-        known = self._tagsets(slot, costs)
         by_tagset: dict[str, int] = defaultdict(int)
         for name, value in wasted.items():
             by_tagset[name.partition("\t")[0]] += value
-        for tsid, cost in costs.items():
+        # A tag set's usage and its faults are on the home partitions of their own ids: a slot
+        # may hold either alone, and the parts add up to the whole.
+        tagsets = costs.keys() | by_tagset.keys()
+        known = self._tagsets(slot, tagsets)
+        for tsid in tagsets:
             if dict(known[tsid]).get(RUN_TAG) in failed:
-                waste = failed_run_waste(cost, by_tagset.get(tsid, 0))
+                waste = failed_run_waste(costs.get(tsid, 0), by_tagset.get(tsid, 0))
                 if waste:
                     yield self._waste_dims(slot, tsid, FAILED_RUN), waste
 

@@ -234,10 +234,11 @@ class InMemoryState:
         for dims, micro in wasted.items():
             base = tuple(pair for pair in dims if pair[0] != "fault")
             by_tagset[base] = by_tagset.get(base, 0) + micro
+        costs = self._cells("cost", start, end)
         out = {}
-        for dims, cost in self._cells("cost", start, end).items():
+        for dims in costs.keys() | by_tagset.keys():
             if dict(dims).get(RUN_TAG) in failed:
-                waste = failed_run_waste(cost, by_tagset.get(dims, 0))
+                waste = failed_run_waste(costs.get(dims, 0), by_tagset.get(dims, 0))
                 if waste:
                     out[_key({**dict(dims), "fault": FAILED_RUN})] = waste
         return out

@@ -92,8 +92,11 @@ def failed_mark(failed: Iterable[str]) -> int:
 
 def failed_run_waste(cost: int, fault_waste: int) -> int:
     """A failed run's tag set's ``failed_run`` waste over an interval: its spend less the fault
-    waste already counted for it (never below zero)."""
-    return max(0, cost - fault_waste)
+    waste already counted for it, so that its waste is its spend over any interval, however
+    the interval, the tag set's slots or a reader's kept answers split it (a sum of parts is
+    the whole's). Below zero where the interval's fault waste is more than its spend: a fault's
+    waste is counted when it happens, for work bought before."""
+    return cost - fault_waste
 
 
 # ── efficiency ────────────────────────────────────────────────────────────────────────────

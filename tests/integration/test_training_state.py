@@ -12,6 +12,7 @@ from costline.connectors.redis_client import connect
 from costline.connectors.redis_keys import slot_tag
 from costline.connectors.redis_state import RedisState
 from costline.rules.inventory import Change, Pin
+from costline.rules.ledger import event_key
 from costline.rules.tally import tally_of
 from tests.integration.redis_writer import ZONE, Writer
 from tests.unit.training import (
@@ -56,6 +57,24 @@ async def test_progress_is_summed_and_a_failed_run_is_waste(redis_writer: Writer
     assert waste == {("sft-7", "node_failure"): 13_280_000, ("sft-7", "failed_run"): 26_560_000}
     assert {(e.run, e.status) for e in state.run_ends()} == {
         ("sft-7", "failed"), ("run-42", "succeeded")}
+
+
+async def test_a_failed_runs_waste_is_its_spend_when_its_usage_and_faults_are_apart(
+        redis_writer: Writer, any_redis_url: str) -> None:
+    """A tag set's usage and its faults go to the home partitions of their own ids, so their
+    sums lie in different slots: the run's waste is still its spend, not each slot's part of
+    it worked out on its own."""
+    apart = Writer(redis_writer.writer, redis_writer.namespace, partitions=4)
+    usage = gpus(T0, 1, units=8, run="sft-7")  # $19.92
+    home = event_key(usage.event_id, 4)[1]
+    lost = next(f for f in (fault(T0 + 1800, units=8, lost=5400, run="sft-7")
+                            for _ in range(64))
+                if event_key(f.event_id, 4)[1] != home)  # 8 × 6000 s: $33.20
+    await apart.write([usage, lost, run_end(T0 + 3000, "failed", run="sft-7")])
+    state = state_of(any_redis_url, redis_writer.namespace)
+    waste = state.totals("waste", {}, ["fault"], T0, T0 + HOUR)
+    assert waste == {("node_failure",): 33_200_000, ("failed_run",): -13_280_000}
+    assert sum(waste.values()) == state.totals("cost", {}, [], T0, T0 + HOUR)[()] == 19_920_000
 
 
 async def test_a_run_failing_moves_every_hours_mark(redis_writer: Writer,

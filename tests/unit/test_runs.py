@@ -93,3 +93,19 @@ def test_the_fault_waste_rule_counts_failed_runs() -> None:
     [finding] = watch.evaluate(found, T0 + HOUR)
     assert finding.group == {"job": "sft-7"} and finding.value == 40_000_000
     assert finding.faults == {"failed_run": 40_000_000}
+
+
+def test_a_failed_runs_waste_is_its_spend_over_any_span_and_its_parts() -> None:
+    """A fault's waste is counted when it happens, for work bought before: over the hour of
+    the fault it may be more than that hour's spend. The run's waste is still its spend, over
+    the whole and over each part, so parts add up to the whole (slots, kept answers)."""
+    events = [gpus(T0, 1, units=8), gpus(T0 + HOUR, 0.25, units=8),  # $20.00, then $5.00
+              fault(T0 + HOUR + 60, units=8, lost=5400, recovery=600),  # 8 × 6000 s: $33.33
+              run_end(T0 + HOUR + 600, "failed")]
+    found = state(*events)
+    spans = [(T0, T0 + HOUR), (T0 + HOUR, T0 + 2 * HOUR), (T0, T0 + 2 * HOUR)]
+    waste = [sum(found.totals("waste", {}, ["fault"], a, b).values()) for a, b in spans]
+    cost = [found.totals("cost", {}, [], a, b)[()] for a, b in spans]
+    assert waste == cost == [20_000_000, 5_000_000, 25_000_000]
+    assert found.totals("waste", {}, ["fault"], *spans[1]) == {
+        ("node_failure",): 33_333_333, ("failed_run",): -28_333_333}
