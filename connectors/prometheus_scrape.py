@@ -21,7 +21,6 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -36,6 +35,7 @@ from costline.rules.events import (
     UsageEvent,
     UtilizationEvent,
 )
+from costline.rules.globs import glob_match
 from costline.rules.prices import PriceBook
 from costline.rules.yaml_source import Document, SourceError, SourceInvalid, load_document
 
@@ -212,7 +212,7 @@ class SeriesMapping(BaseModel):
         return self
 
     def selects(self, labels: Mapping[str, str]) -> bool:
-        return all(fnmatchcase(labels.get(k, ""), glob) for k, glob in self.match.items())
+        return all(glob_match(labels.get(k, ""), glob) for k, glob in self.match.items())
 
 
 class ScrapeMapping(BaseModel):

@@ -33,11 +33,11 @@ import subprocess
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
 from costline.connectors.focus import tag_key, tag_value
 from costline.rules.events import MAX_TAGS, RUN_TAG, RunEndEvent, RunStatus, UsageEvent
+from costline.rules.globs import glob_match
 from costline.rules.prices import PriceBook
 
 SQUEUE = ("squeue", "--all", "--json")
@@ -239,7 +239,7 @@ class SlurmScraper:
         """The end of a training run's job that ``squeue`` shows ended, else ``None``."""
         ended = sorted(state for state in job.state if state in END_STATES)
         if not ended or RUN_TAG not in job.tags or not all(
-                any(fnmatchcase(job.tags.get(key, ""), glob) for glob in globs)
+                any(glob_match(job.tags.get(key, ""), glob) for glob in globs)
                 for key, globs in self.runs.items()):
             return None
         ts = job.end if job.end is not None and job.end <= now else now

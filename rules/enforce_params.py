@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
-from fnmatch import fnmatchcase
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import (
@@ -29,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from costline.rules.durations import Duration, PositiveDuration
+from costline.rules.globs import glob_match
 from costline.rules.plugins import plugins_of
 from costline.rules.reclaim_params import Approval
 from costline.rules.registry import summary_of
@@ -145,7 +145,7 @@ class Enforce(BaseModel):
     def is_exempt(self, group: Mapping[str, str]) -> bool:
         """Whether an opt-out tag value keeps this group from ever being enforced."""
         return any(
-            any(fnmatchcase(group.get(key, ""), v) for v in ([values] if isinstance(
+            any(glob_match(group.get(key, ""), v) for v in ([values] if isinstance(
                 values, str) else values))
             for key, values in self.exempt.items() if key in group
         )

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 
 from costline.rules.durations import format_duration, rfc3339
+from costline.rules.globs import glob_match
 from costline.rules.inventory import (
     Action,
     Checkpoint,
@@ -46,7 +46,7 @@ class Retention:
     def is_exempt(self, tags: Mapping[str, str]) -> str | None:
         """The exempt tag a checkpoint carries (``keep=true``), or ``None``."""
         for key, values in sorted(self.exempt.items()):
-            if key in tags and any(fnmatchcase(tags[key], v) for v in values):
+            if key in tags and any(glob_match(tags[key], v) for v in values):
                 return f"{key}={tags[key]}"
         return None
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
+from costline.rules.globs import glob_match
 from costline.rules.state import matches
 
 
@@ -41,7 +41,7 @@ class Silence:
         """Whether this silence mutes an alert of ``rule`` with these tags at ``now``."""
         if not self.active(now):
             return False
-        if self.rule is not None and not fnmatchcase(rule, self.rule):
+        if self.rule is not None and not glob_match(rule, self.rule):
             return False
         return matches(self.matchers, labels)
 

@@ -9,8 +9,8 @@ Vocabulary shared by both stores:
 * **dimensions** of a counted event: its tags, plus the pseudo-tags ``category``,
   ``resource_type``, ``billing`` and ``charge`` (they win over a tag of the same name); waste
   also has ``fault`` (the fault type), and its ``charge`` is ``usage``.
-* **match**: dimension → ``fnmatch`` glob, case-sensitive. A dimension an event lacks reads as
-  ``""``, so ``team: "*"`` also matches untagged spend; write ``team: "?*"`` for "has a team".
+* **match**: dimension → glob (``costline.rules.globs``: ``*`` alone is special), case-sensitive.
+  A dimension an event lacks reads as ``""``, so ``team: "*"`` also matches untagged spend.
 * **group**: the values of the ``group_by`` dimensions in that order, ``""`` when absent.
 * **[start, end)**: Unix seconds. A store answers per 5-minute bucket (coarser for old data):
   a bucket counts when it overlaps the interval, so callers align to ``BUCKET_S``.
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Literal, Protocol, runtime_checkable
+
+from costline.rules.globs import glob_match, literal
 
 Measure = Literal["cost", "gross", "credits", "quantity", "waste"]
 Group = tuple[str, ...]
@@ -181,7 +182,7 @@ def totals_each(state: StateView, measures: Sequence[Measure], match: Mapping[st
 
 def matches(match: Mapping[str, str], dimensions: Mapping[str, str]) -> bool:
     """Whether ``dimensions`` satisfy every glob of ``match`` (absent reads as ``""``)."""
-    return all(fnmatchcase(dimensions.get(key, ""), pattern) for key, pattern in match.items())
+    return all(glob_match(dimensions.get(key, ""), pattern) for key, pattern in match.items())
 
 
 def needed_keys(match: Mapping[str, str], group_by: Sequence[str]) -> tuple[str, ...]:
@@ -192,11 +193,6 @@ def needed_keys(match: Mapping[str, str], group_by: Sequence[str]) -> tuple[str,
 def group_of(group_by: Sequence[str], dimensions: Mapping[str, str]) -> Group:
     """The group a set of dimensions falls in."""
     return tuple(dimensions.get(key, "") for key in group_by)
-
-
-def literal(value: str) -> str:
-    """A glob that matches exactly ``value``, even if it contains ``*``, ``?`` or ``[``."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in value)
 
 
 def narrowed(

@@ -123,7 +123,8 @@ class Rule(BaseModel):
     kind: str = Field(description="what the rule watches; decides the keys below")
     match: dict[DimensionKey, Glob] = Field(
         default_factory=dict,
-        description="tag → value the data must carry (a * glob allowed); also the "
+        description="tag → value the data must carry (a * glob allowed, any other character is "
+        "itself: \\* is a star of the value); also the "
         "pseudo-tags category and resource_type",
     )
     group_by: GroupBy = Field(

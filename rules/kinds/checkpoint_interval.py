@@ -16,7 +16,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
-from fnmatch import fnmatchcase
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, WithJsonSchema
@@ -24,6 +23,7 @@ from pydantic import Field, WithJsonSchema
 from costline.rules.durations import Money, PositiveDuration, format_duration
 from costline.rules.events import RUN_TAG
 from costline.rules.findings import Contributor, Finding, Line, labels_text, money_text
+from costline.rules.globs import glob_match
 from costline.rules.interval import Advice, IntervalInputs, advise, valid
 from costline.rules.inventory import Checkpoint, CheckpointInventory, by_run, storage_now
 from costline.rules.kinds import Glob, GroupBy, Presentation, Rule, kind
@@ -163,7 +163,7 @@ class CheckpointIntervalRule(Rule):
         faults = 0
         if isinstance(state, FaultHistory):
             faults = sum(1 for f in state.faults(since) if f.ts <= now
-                         and fnmatchcase(f.resource_type, self.accelerators)
+                         and glob_match(f.resource_type, self.accelerators)
                          and matches(self.match, {**f.tags, "resource_type": f.resource_type}))
         if faults >= self.min_faults and exposure > 0:
             return FaultRate(Decimal(faults) / exposure, faults, exposure, True)

@@ -9,7 +9,6 @@ cancel a training run.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from fnmatch import fnmatchcase
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -25,6 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from costline.rules.durations import Duration, PositiveDuration, format_duration
 from costline.rules.findings import Finding, Line, ReclaimRequest, amount_text
+from costline.rules.globs import glob_match
 from costline.rules.kinds import DimensionKey, Glob, Presentation, Rule, kind
 from costline.rules.plugins import plugins_of
 from costline.rules.prices import exact, to_micro
@@ -189,7 +189,7 @@ class IdleRule(Rule):
     def is_exempt(self, tags: Mapping[str, str]) -> bool:
         """Whether an opt-out tag keeps this resource from ever being idle."""
         return any(
-            any(fnmatchcase(tags.get(key, ""), v) for v in _as_list(values))
+            any(glob_match(tags.get(key, ""), v) for v in _as_list(values))
             for key, values in self.exempt.items()
             if key in tags
         )

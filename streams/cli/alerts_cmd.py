@@ -201,9 +201,8 @@ def register(app: typer.Typer) -> None:
 def _warn_if_no_rule(ctx: typer.Context, pattern: str) -> None:
     """A silence of a rule the loaded rule set does not have mutes nothing (yet): say so on
     stderr, since a typo in a rule name would otherwise leave the alert loud."""
-    from fnmatch import fnmatchcase
-
     from costline.connectors.plugins import PLUGINS
+    from costline.rules.globs import glob_match
     from costline.rules.loader import load_rules
     from costline.rules.yaml_source import SourceInvalid
     from costline.streams.cli.root import settings_of
@@ -216,7 +215,7 @@ def _warn_if_no_rule(ctx: typer.Context, pattern: str) -> None:
         typer.echo(f"costline silence add: warning: the rules in {settings.rules} do not load, "
                    "so the rule name could not be checked", err=True)
         return
-    if not any(fnmatchcase(name, pattern) for name in names):
+    if not any(glob_match(name, pattern) for name in names):
         typer.echo(f"costline silence add: warning: no rule in {settings.rules} is named "
                    f"{pattern!r}, so the silence mutes nothing until one is (rules: "
                    f"{', '.join(names) or 'none'})", err=True)

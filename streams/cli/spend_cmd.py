@@ -6,13 +6,13 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 import typer
 from pydantic import TypeAdapter, ValidationError
 
 from costline.rules.events import TagKey
+from costline.rules.globs import glob_match
 from costline.rules.state import Measure, totals_each
 from costline.streams.cli import command_group
 from costline.streams.cli.root import AT_HELP, moment, zone_option
@@ -149,7 +149,7 @@ class GroupQuery:
         """The asked group of a store's group, or ``None`` if it matches no alternative."""
         values = group[len(self.by):]
         for value, globs in zip(values, self.either.values(), strict=True):
-            if not any(fnmatchcase(value, glob) for glob in globs):
+            if not any(glob_match(value, glob) for glob in globs):
                 return None
         return group[:len(self.by)]
 

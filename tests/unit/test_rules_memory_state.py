@@ -58,7 +58,23 @@ def test_an_absent_tag_groups_and_matches_as_empty() -> None:
         ("pretrain",): 2_500_000,
         ("",): 2_500_000,
     }
-    assert found.totals("cost", {"team": "?*"}, [], T0, T0 + 300) == {(): 2_500_000}
+    assert found.totals("cost", {"team": "*"}, [], T0, T0 + 300) == {(): 5_000_000}
+    assert found.totals("cost", {"team": ""}, [], T0, T0 + 300) == {(): 2_500_000}
+
+
+@pytest.mark.parametrize(("pattern", "jobs"), [
+    ("sweep[lr=1]", {"sweep[lr=1]"}),  # not a class: "sweep=" and "sweepl" are other jobs
+    ("run?", {"run?"}),                # not one character: "runA" is another job
+    ("run*", {"run?", "runA"}),
+    ("sweep*]", {"sweep[lr=1]"}),
+    ("a\\*b", {"a*b"}),               # a star that is part of the value
+])
+def test_only_a_star_is_a_glob_in_a_match(pattern: str, jobs: set[str]) -> None:
+    """Tag values may hold any character: a match reads only ``*`` as a pattern."""
+    names = ["sweep[lr=1]", "sweep=", "sweepl", "run?", "runA", "a*b", "axb"]
+    found = state(*(usage(T0, 1, job=name) for name in names))
+    assert set(found.totals("cost", {"job": pattern}, ["job"], T0, T0 + 300)) == {
+        (job,) for job in jobs}
 
 
 def test_a_narrowed_match_selects_one_group_even_with_glob_characters_in_values() -> None:
