@@ -4,6 +4,8 @@ Prices: an H100 GPU-hour is $2.50, so 512 GPUs cost $1,280 an hour."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from costline.rules.runs import (
     Efficiency,
     RunEnd,
@@ -109,3 +111,29 @@ def test_a_failed_runs_waste_is_its_spend_over_any_span_and_its_parts() -> None:
     assert waste == cost == [20_000_000, 5_000_000, 25_000_000]
     assert found.totals("waste", {}, ["fault"], *spans[1]) == {
         ("node_failure",): 33_333_333, ("failed_run",): -28_333_333}
+
+
+def test_a_failed_runs_waste_is_its_spend_through_the_evaluations_kept_answers() -> None:
+    """The worker's evaluation keeps answers about past hours and reads the last ones fresh:
+    the kept part and the fresh part add up to what a rule test reads in one go."""
+    from costline.rules.evaluation_view import EvaluationView
+    from costline.rules.kept_answers import KeptAnswers
+    from costline.rules.memory_state import InMemoryState
+
+    class Marked(InMemoryState):
+        """Answers the hour marks kept answers need, as the Redis state does."""
+
+        def hour_marks(self, hours: Any) -> dict[int, int]:
+            return dict.fromkeys(hours, 0)
+
+    found = Marked(state().prices)
+    found.add_all([fault(T0 + HOUR, units=8, lost=3600, recovery=0),  # $20.00 at 01:00
+                   gpus(T0 + 5 * HOUR, 1, units=8),  # $20.00 at 05:00
+                   run_end(T0 + 5 * HOUR + 600, "failed")])
+    now = T0 + 5 * HOUR + 1200
+    kept = KeptAnswers()
+    kept.begin(found, now)
+    assert T0 < kept.hot_from < T0 + 5 * HOUR  # the fault's hour is kept, the usage's fresh
+    whole = found.totals("waste", {}, ["job"], T0, now)
+    assert EvaluationView(found, kept).totals("waste", {}, ["job"], T0, now) == whole == {
+        GROUP: 20_000_000}
