@@ -191,21 +191,32 @@ def cover(start: float, end: float, calendar: Calendar) -> Iterator[tuple[str, s
     """The fewest buckets whose union is [start, end): whole local days, then whole hours,
     then 5-minute slots. ``start`` and ``end`` are rounded out to 5-minute boundaries.
 
-    An hour never steps over a local midnight, so in a zone whose midnight falls on the half
-    hour the walk still reaches it with 5-minute slots and takes the day bucket from there.
     A day bucket holds every slot of its date, so it is taken only from the day's first
-    midnight and only if those slots are one interval (``Calendar.is_one_run``).
+    midnight and only if those slots are one interval (``Calendar.is_one_run``). In a zone
+    whose midnight falls on the half hour, an hour steps over a local midnight only when the
+    day that starts there is not taken whole: the walk then reaches that day with 5-minute
+    slots, and a question of whole UTC hours (an export, hourly charts) is answered from hours,
+    which are kept 35 days where slots are kept two.
     """
     t = int(start // SLOT_S) * SLOT_S
     stop = -int(-end // SLOT_S) * SLOT_S
     while t < stop:
         day_start, day_end, day = calendar.day_bounds(t)
-        if t == day_start and day_end <= stop and calendar.is_one_run(day):
+        if _takes_day(t, stop, calendar, (day_start, day_end, day)):
             yield "1d", day
             t = day_end
-        elif t % HOUR_S == 0 and t + HOUR_S <= min(stop, day_end):
+        elif t % HOUR_S == 0 and t + HOUR_S <= stop and (
+                t + HOUR_S <= day_end
+                or not _takes_day(day_end, stop, calendar, calendar.day_bounds(day_end))):
             yield "1h", t
             t += HOUR_S
         else:
             yield "5m", t
             t += SLOT_S
+
+
+def _takes_day(t: int, stop: int, calendar: Calendar, bounds: tuple[int, int, str]) -> bool:
+    """Whether the walk to ``stop`` takes the bucket of the local day ``bounds`` (``day_bounds``
+    of ``t``) whole from ``t``."""
+    day_start, day_end, day = bounds
+    return t == day_start and day_end <= stop and calendar.is_one_run(day)

@@ -274,3 +274,12 @@ def test_buckets_near_any_2025_clock_change_hold_each_slot_of_the_window_once(
     days = slots_by_date(calendar, start - 2 * 86400, end + 2 * 86400)
     buckets = list(cover(start, end, calendar))
     assert sorted(expanded(buckets, days)) == list(range(start, end, 300))
+
+
+def test_a_utc_hour_over_a_kolkata_midnight_is_its_hour_bucket():
+    """Slots are kept two days and hours 35: a question of whole UTC hours (an export of last
+    month, hourly charts) reads the hour that holds local midnight, not its slots."""
+    start = at("2026-11-01T18:00:00Z")  # 23:30 IST, midnight at 18:30Z
+    assert list(cover(start, start + 3600, Calendar("Asia/Kolkata"))) == [("1h", start)]
+    hours = list(cover(start, start + 6 * 3600, Calendar("Asia/Kolkata")))
+    assert hours == [("1h", start + i * 3600) for i in range(6)]
