@@ -178,7 +178,8 @@ class _HourlySpend:
         return cls(dimensions, state.series(measure, {}, dimensions, start, end, step=HOUR_S))
 
     def of(self, rule: BudgetRule, window: _Window) -> dict[Group, dict[int, int]]:
-        """The rule's groups' spend per hour of its window."""
+        """The rule's groups' spend per whole hour of its window (the series is read to the
+        latest end of all rules: an hour past this one's is another rule's)."""
         out: dict[Group, dict[int, int]] = {}
         for cell, hours in self.cells.items():
             values = dict(zip(self.dimensions, cell, strict=True))
@@ -186,7 +187,7 @@ class _HourlySpend:
                 continue
             target = out.setdefault(group_of(rule.group_by, values), {})
             for hour, amount in hours.items():
-                if window.first_hour <= hour < window.upto:
+                if window.first_hour <= hour and hour + HOUR_S <= window.upto:
                     target[hour] = target.get(hour, 0) + amount
         return out
 
@@ -208,7 +209,7 @@ def budget_charts(state: SpendReader, rules: RuleSet, book: AlertBook,
 def _budget_chart(state: SpendReader, hourly: _HourlySpend | None, rule: BudgetRule,
                   window: _Window, book: AlertBook, now: float) -> BudgetChart:
     spent = state.totals(rule.measure, rule.match, rule.group_by, window.start, window.upto)
-    lines = _cumulative(state, rule, window, hourly.of(rule, window)) if hourly else {}
+    lines = _cumulative(state, rule, window, hourly.of(rule, window), spent) if hourly else {}
     rates = _burn_rates(state, rule, window.start, now) if window.running else {}
     groups = tuple(
         BudgetGroup(
@@ -229,19 +230,23 @@ def _budget_chart(state: SpendReader, hourly: _HourlySpend | None, rule: BudgetR
 
 
 def _cumulative(state: SpendReader, rule: BudgetRule, window: _Window,
-                hours: Mapping[Group, Mapping[int, int]]
+                hours: Mapping[Group, Mapping[int, int]], spent: Mapping[Group, int]
                 ) -> dict[Group, tuple[tuple[float, int], ...]]:
-    """Each group's spend so far at the start and at the end of every hour of the period.
+    """Each group's spend so far at the start and at the end of every hour of the period,
+    ending at ``spent`` (the group's total over the period as far as it is read).
 
     Hours are UTC hours; a period that starts off the hour (a zone offset of :30 or :45)
-    reads the part before its first whole hour as one total.
+    reads the part before its first whole hour as one total, and the part after its last
+    whole hour (such a period's end, or the hour now is in) is what ``spent`` holds beyond the
+    whole hours.
     """
     first_hour = window.first_hour
     head = state.totals(rule.measure, rule.match, rule.group_by, window.start, first_hour) \
         if first_hour > window.start else {}
-    grid = range(int(first_hour), int(window.upto), HOUR_S)
+    last_hour = max(first_hour, float(int(window.upto // HOUR_S) * HOUR_S))
+    grid = range(int(first_hour), int(last_hour), HOUR_S)
     out = {}
-    for group in set(head) | set(hours):
+    for group in set(head) | set(hours) | set(spent):
         running = head.get(group, 0)
         points = [(window.start, 0)]
         if first_hour > window.start:
@@ -249,6 +254,8 @@ def _cumulative(state: SpendReader, rule: BudgetRule, window: _Window,
         for hour in grid:
             running += hours.get(group, {}).get(hour, 0)
             points.append((min(float(hour + HOUR_S), window.line_end), running))
+        if window.upto > last_hour:
+            points.append((window.line_end, spent.get(group, running)))
         out[group] = tuple(points)
     return out
 
