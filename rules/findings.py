@@ -13,6 +13,7 @@ from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from costline.rules.durations import rfc3339
+from costline.rules.money import money_micro
 from costline.rules.prices import MICRO
 from costline.rules.state import Group, Measure, StateView
 
@@ -159,9 +160,9 @@ def top_contributors(
 
 
 def money_text(micro: int, currency: str) -> str:
-    """Micro-units for a sentence: ``8123.45 USD`` (cents are enough to read)."""
-    cents = (Decimal(micro) / (MICRO // 100)).to_integral_value(ROUND_HALF_EVEN)
-    return f"{Decimal(cents) / 100:.2f} {currency}"
+    """Micro-units for a sentence, as every table and message writes money
+    (``costline.rules.money``): ``$8,123.45``, ``8,123.45 CHF``."""
+    return money_micro(micro, currency)
 
 
 def amount_text(micro: int) -> str:

@@ -89,7 +89,7 @@ class Site:
     watermark: int = -1
 
     async def spend(self, account: str, gpu_hours: float, ts: float) -> None:
-        """Usage of ``gpu_hours`` H100 hours by the team ``account`` (2.49 USD each)."""
+        """Usage of ``gpu_hours`` H100 hours by the team ``account`` ($2.49 each)."""
         event = UsageEvent(event_id=f"u-{account}-{self.watermark + 1}", kind="usage", ts=ts,
                            resource_id="hpc/pool", resource_type="gpu.h100",
                            quantity=gpu_hours, unit="gpu_hour",
@@ -208,7 +208,7 @@ async def test_limit_keeps_new_jobs_pending_and_a_raised_line_restores_it_exactl
     await site.evaluate(enforcer, rules["now"], t0 + 2)
     await enforcer.tick(t0 + 2)
     lifted = site.published[-1]
-    assert lifted["step"] == "lifted" and "raised from 100.00 USD to 200.00 USD" in lifted[
+    assert lifted["step"] == "lifted" and "raised from $100.00 to $200.00" in lifted[
         "reason"]
     shown = sacctmgr("show", "assoc", "where", f"account={account}", "user=",
                      "format=GrpTRES,MaxSubmit")

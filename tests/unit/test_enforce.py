@@ -184,7 +184,7 @@ def test_raising_the_budget_line_above_the_spend_lifts() -> None:
     world.rules = rules(limit=150)
     world.run(finding("pretrain", 121), at=T0 + 11 * MIN)
     assert world.steps()[-1] == ("team=pretrain", "lifted")
-    assert "raised from 100.00 USD to 150.00 USD" in world.sent[-1]["reason"]
+    assert "raised from $100.00 to $150.00" in world.sent[-1]["reason"]
     assert world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=64"
 
 

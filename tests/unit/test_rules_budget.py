@@ -141,8 +141,8 @@ def test_the_summary_names_the_group_the_figure_and_the_line() -> None:
     budget = rule(**MONTHLY)
     [finding] = budget.evaluate(state(usage(T0, 3300, team="pretrain")), T0 + HOUR)
     assert budget.summarize(finding, "USD") == (
-        "team=pretrain has spent 8250.00 USD this month of a 10000.00 USD budget, "
-        "past the 80% warning line of 8000.00 USD."
+        "team=pretrain has spent $8,250.00 this month of a $10,000.00 budget, "
+        "past the 80% warning line of $8,000.00."
     )
 
 
@@ -171,7 +171,7 @@ def test_a_gross_budget_says_its_figure_is_before_credits() -> None:
     found = state(usage(T0, 3300, team="pretrain"), credit(T0, 5000, team="pretrain"))
     [finding] = budget.evaluate(found, T0 + HOUR)
     assert budget.summarize(finding, "USD").startswith(
-        "team=pretrain has spent 8250.00 USD before credits this month")
+        "team=pretrain has spent $8,250.00 before credits this month")
 
 
 def test_a_budget_basis_is_net_or_gross() -> None:

@@ -71,8 +71,8 @@ def test_a_budget_change_has_exactly_the_published_shape() -> None:
         "reclaim": None,
         "notify": {"slack": "#ml-budgets", "route_by_tag": "team", "channel": "#pretrain-budget"},
         "mode": "live",
-        "summary": "team=pretrain has spent 8123.45 USD this month of a 10000.00 USD budget, "
-        "past the 80% warning line of 8000.00 USD.",
+        "summary": "team=pretrain has spent $8,123.45 this month of a $10,000.00 budget, "
+        "past the 80% warning line of $8,000.00.",
     }
     assert tuple(change) == FIELD_ORDER
 

@@ -52,8 +52,8 @@ def test_waste_past_its_share_of_spend_fires() -> None:
         1_000_000_000,
     )
     assert waste.summarize(finding, "USD") == (
-        "project=llm-70b lost 137.50 USD to faults this day (13.8% of spend), past the "
-        "max_share line of 100.00 USD; faults: node_failure, oom; "
+        "project=llm-70b lost $137.50 to faults this day (13.8% of spend), past the "
+        "max_share line of $100.00; faults: node_failure, oom; "
         "most wasteful: run-42, run-43, run-44."
     )
 

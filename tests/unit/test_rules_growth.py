@@ -120,6 +120,6 @@ def test_summary_compares_with_the_baseline() -> None:
     growth = rule(**GROWTH)
     [finding] = growth.evaluate(found, T0 + DAY * 0)
     assert growth.summarize(finding, "USD") == (
-        "project=llm used 75.00 USD of cost in the last 1h, 3.0x the 25.00 USD per 1h of the "
+        "project=llm used $75.00 of cost in the last 1h, 3.0x the $25.00 per 1h of the "
         "1d before (growth line 3x)."
     )

@@ -49,7 +49,7 @@ def test_a_run_whose_cost_per_token_regresses_is_found() -> None:
         2_500_000, 2_500_000, 2_000_000)
     assert growth.value_unit({}) == "currency_per_mtok"
     assert growth.summarize(finding, "USD") == (
-        "job=run-42 spent 2.50 USD per million tokens in the last 6h, 1.2x the 2.00 USD per "
+        "job=run-42 spent $2.50 per million tokens in the last 6h, 1.2x the $2.00 per "
         "million tokens of the 3d before (growth line 1.25x).")
     steady = training(97, 640_000_000)
     assert growth.evaluate(state(*steady), T0 + 4 * DAY + 300) == []
@@ -107,7 +107,7 @@ def test_the_interval_advice_is_measured_from_the_run() -> None:
     # the line: the optimum's $563.754610 a day, 10% above, rounded up
     assert (finding.value, finding.threshold) == (1_101_592_593, 620_130_071)
     assert [c.value for c in finding.top] == [77_592_593, 1_024_000_000, 0]
-    assert "537.84 USD/day at stake (95% more)" in advised.summarize(finding, "USD")
+    assert "$537.84/day at stake (95% more)" in advised.summarize(finding, "USD")
 
 
 def test_the_fault_rate_is_measured_when_enough_faults_are_seen() -> None:
