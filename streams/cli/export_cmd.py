@@ -2,10 +2,13 @@
 chargeback in the FinOps tools that read the clouds' bills.
 
 The rows come from the hourly buckets (``costline.connectors.focus_export`` makes them), read a
-day of hours at a time. The file's gross and credits are then checked against the period's
-totals as ``costline spend`` reads them: hourly buckets are kept 35 days, so the hours of an
-older period may be gone while its days remain, and an export that does not add up says so
-and exits 1 instead of passing for the bill.
+day of hours at a time. A period still running is exported up to the start of the current
+hour: a FOCUS row states a whole charge period, and the hour now is in is still growing. The
+file's gross and credits are then checked against the totals of what it covers as
+``costline spend`` reads them: hourly buckets are kept 35 days, so the hours of an older period
+may be gone while its days remain, and an export that does not add up says so and exits 1
+instead of passing for the bill. Totals that moved while the file was written (late events
+for its hours) say that instead.
 """
 
 from __future__ import annotations
@@ -66,13 +69,24 @@ def write_rows(reader: HourlyReader, rows: FocusRows, intervals: list[Interval],
         advance(len(day))
 
 
-def shortfall(reader: HourlyReader, rows: FocusRows, start: float, end: float
-              ) -> dict[str, tuple[int, int]]:
-    """Where the file differs from the period's totals: measure → (period, file)."""
+def period_totals(reader: HourlyReader, start: float, end: float) -> dict[str, int]:
+    """The gross and credits of [start, end), as ``costline spend`` reads them."""
     totals = reader.totals_each(("gross", "credits"), {}, [], start, end)
-    period = {measure: sum(totals[measure].values()) for measure in ("gross", "credits")}
+    return {measure: sum(totals[measure].values()) for measure in ("gross", "credits")}
+
+
+def shortfall(period: dict[str, int], rows: FocusRows) -> dict[str, tuple[int, int]]:
+    """Where the file differs from the totals: measure → (period, file)."""
     exported = {"gross": rows.gross_micro, "credits": rows.credits_micro}
     return {m: (period[m], exported[m]) for m in period if period[m] != exported[m]}
+
+
+def exported_until(start: float, end: float, now: float) -> float:
+    """Where the export of [start, end) stops: its end, or for a period still running the
+    start of the hour now is in (its whole hours so far)."""
+    if end <= now:
+        return end
+    return max(start, min(end, float(int(now // 3600) * 3600)))
 
 
 @contextmanager
@@ -103,13 +117,17 @@ def _progress(total: int, enabled: bool) -> tuple[Any, Callable[[int], None]]:
     return bar, lambda done: bar.advance(task, done)
 
 
-def summary(rows: FocusRows, start: float, end: float, currency: str, file: Path | None,
-            hours: int, seconds: float, missing: dict[str, tuple[int, int]]) -> dict[str, Any]:
+def summary(rows: FocusRows, span: tuple[float, float, float], currency: str, file: Path | None,
+            hours: int, seconds: float, missing: dict[str, tuple[int, int]],
+            moved: bool = False) -> dict[str, Any]:
+    """The export's summary; ``span`` is the period's start and end and where the file ends."""
     from costline.rules.durations import rfc3339
 
+    start, end, until = span
     return {
         "file": str(file) if file else None,
         "period": {"start": rfc3339(start), "end": rfc3339(end)},
+        "until": rfc3339(until),
         "currency": currency,
         "rows": rows.rows,
         "tag_sets": len(rows.tag_sets),
@@ -118,6 +136,7 @@ def summary(rows: FocusRows, start: float, end: float, currency: str, file: Path
         "gross_total": format_micro(rows.gross_micro),
         "credits_total": format_micro(rows.credits_micro),
         "complete": not missing,
+        "changed_while_exporting": moved,
         "missing": {measure: {"period": format_micro(period), "file": format_micro(found)}
                     for measure, (period, found) in missing.items()},
         "seconds": round(seconds, 3),
@@ -158,23 +177,27 @@ def focus(
     if as_json and output is None:
         raise typer.BadParameter("the summary goes to stdout: give the file with -o",
                                  param_hint="--json")
+    now = time.time()
     try:
-        moment = parse_time(at) if at is not None else time.time()
+        moment = parse_time(at) if at is not None else now
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--at") from exc
     start, end = period_bounds(moment, period, zone or settings.timezone)  # type: ignore[arg-type]
+    until = exported_until(start, end, now)
     book = PriceBook.load(settings.prices)
     state = RedisState(connect(settings.redis_url, timeout_s=30), settings.namespace,
                        settings.timezone)
     rows = FocusRows(book, account=settings.namespace)
-    intervals = hours_in(start, end)
+    intervals = hours_in(start, until)
     began = time.perf_counter()
     bar, advance = _progress(len(intervals), output is not None and _err.is_terminal)
+    before = period_totals(state, start, until)
     with bar, _output(output) as out:
         write_rows(state, rows, intervals, out, advance)
-    missing = shortfall(state, rows, start, end)
-    report = summary(rows, start, end, book.currency, output, len(intervals),
-                     time.perf_counter() - began, missing)
+    after = period_totals(state, start, until)
+    missing = shortfall(after, rows)
+    report = summary(rows, (start, end, until), book.currency, output, len(intervals),
+                     time.perf_counter() - began, missing, moved=bool(missing) and before != after)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -187,16 +210,21 @@ def _print(report: dict[str, Any]) -> None:
     """The summary on stderr: stdout may be the file itself."""
     money = report["currency"]
     where = report["file"] or "stdout"
+    running = "" if report["until"] == report["period"]["end"] else \
+        f", the period's whole hours so far (it ends {report['period']['end']})"
     _err.print(f"wrote {report['rows']} rows ({report['tag_sets']} tag sets, "
                f"{report['hours']} hours from {report['period']['start']} to "
-               f"{report['period']['end']}) to {where}: {report['cost_total']} {money} net "
+               f"{report['until']}{running}) to {where}: {report['cost_total']} {money} net "
                f"({report['gross_total']} gross, {report['credits_total']} credits)",
                markup=False)
+    why = ("its hours' spend changed while they were read (events still arriving for them): "
+           "export again" if report["changed_while_exporting"] else
+           f"hourly buckets are kept {Retention.hour // 86400} days, and part of this period's "
+           "may be gone")
     for measure, figures in report["missing"].items():
         _err.print(f"[bold red]costline export:[/] the file's {measure} is "
                    f"{figures['file']} {money} but the period's is {figures['period']} {money}: "
-                   f"hourly buckets are kept {Retention.hour // 86400} days, and part of this "
-                   "period's may be gone")
+                   f"{why}")
 
 
 @command_group

@@ -284,6 +284,42 @@ def test_an_export_that_does_not_add_up_to_the_period_exits_1(
         " ".join(result.output.split())
 
 
+def test_a_period_still_running_is_exported_to_the_start_of_the_current_hour(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """A FOCUS row states a whole hour: the hour now is in is left for a later export."""
+    import costline.streams.cli.export_cmd as export_cmd
+
+    reader = reader_of([gpu_hours(unix("2024-09-18T10:05:00"), 8, team="a"),
+                        gpu_hours(unix("2024-09-18T12:10:00"), 1, team="a")])
+    monkeypatch.setattr(export_cmd.time, "time", lambda: unix("2024-09-18T12:30:00"))
+    result = export(reader, monkeypatch, "-o", str(tmp_path / "today.csv"), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["until"], summary["hours"], summary["gross_total"], summary["complete"]) == (
+        "2024-09-18T12:00:00Z", 12, "19.920000", True)
+    assert summary["period"] == {"start": "2024-09-18T00:00:00Z", "end": "2024-09-19T00:00:00Z"}
+
+
+def test_totals_that_move_while_the_file_is_written_are_said_to_have_moved(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """A late event for an hour already written: not blamed on the buckets' retention."""
+    reader = reader_of([gpu_hours(unix("2024-09-18T10:05:00"), 8, team="a")])
+    read = Reader.interval_cells
+
+    def then_a_late_event(self: Reader, measures: Any, intervals: Any) -> Any:
+        cells = read(self, measures, intervals)
+        self.add_all([gpu_hours(unix("2024-09-18T10:20:00"), 1, team="a")])
+        return cells
+
+    monkeypatch.setattr(Reader, "interval_cells", then_a_late_event)
+    result = export(reader, monkeypatch, "-o", str(tmp_path / "day.csv"))
+    assert result.exit_code == 1
+    assert "changed while they were read (events still arriving for them): export again" in \
+        " ".join(result.output.split())
+
+
 def test_the_summary_as_json_needs_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
     result = export(reader_of([]), monkeypatch, "--json")
     assert result.exit_code == 2 and "give the file with -o" in result.output
