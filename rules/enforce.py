@@ -39,8 +39,16 @@ __all__ = ["Go", "Hold", "Keep", "Outcome", "Skip", "Verdict"]
 
 
 def group_key(group: Mapping[str, str]) -> str:
-    """``team=pretrain`` (keys in the rule's ``group_by`` order); ``*`` for an ungrouped rule."""
-    return ",".join(f"{key}={value}" for key, value in group.items()) or "*"
+    """``team=pretrain`` (keys in the rule's ``group_by`` order); ``*`` for an ungrouped rule.
+
+    A value's ``%``, ``,`` and ``=`` are written ``%25``, ``%2C`` and ``%3D``: tag values may
+    hold any character, and two groups must never share a key (the plan, its slot in the
+    ledger, a lift by hand all go by it)."""
+    return ",".join(f"{key}={_escaped(value)}" for key, value in group.items()) or "*"
+
+
+def _escaped(value: str) -> str:
+    return value.replace("%", "%25").replace(",", "%2C").replace("=", "%3D")
 
 
 def keep_key(rule: str, group: Mapping[str, str]) -> str:
@@ -268,6 +276,21 @@ def effective_mode(plan: EnforcePlan, rule: BudgetRule | None) -> str:
     return "live"
 
 
+def interrupted_refusal(tracked: Enforcement, rule: BudgetRule | None, *, paused: bool,
+                        now: float) -> str | None:
+    """Why an enforcement a worker stopped in the middle of is not finished now, or ``None``:
+    what changed since it started (a pause, a dry run, an exemption, the period's end) counts
+    as it would have before it started."""
+    refused = refusal(rule, tracked.plan.group, paused=paused, keep=None, now=now)
+    if refused is not None:
+        return refused
+    if effective_mode(tracked.plan, rule) != "live":
+        return f"rule {tracked.plan.rule} is in dry run now"
+    if now >= tracked.plan.period_end:
+        return f"the budget period ended at {rfc3339(tracked.plan.period_end)}"
+    return None
+
+
 def verdict(tracked: Enforcement, rule: BudgetRule | None, finding: Finding | None,
             known: bool, now: float, *, paused: bool, keep: Keep | None) -> Verdict:
     """Whether a plan whose grace may have ended is enforced now, later, or never.
@@ -297,15 +320,18 @@ def lift_reason(tracked: Enforcement, rule: BudgetRule | None, finding: Finding 
                 known: bool, now: float) -> str | None:
     """Why an enforced plan is lifted now, or ``None`` to keep it.
 
-    Only the period's end, a rule that stopped enforcing, or a budget line raised above the
-    spend lift it. A forecast that no longer crosses does not: the enforcement itself slowed
-    the spend, and lifting on it would let the group flap in and out.
+    Only the period's end, a rule that stopped enforcing (removed, or the group made exempt),
+    or a budget line raised above the spend lift it. A forecast that no longer crosses does
+    not: the enforcement itself slowed the spend, and lifting on it would let the group flap in
+    and out. Nor does a rule put in dry run: it stops acting, and what it did stays until lifted.
     """
     plan = tracked.plan
     if now >= plan.period_end:
         return f"the budget period ended at {rfc3339(plan.period_end)}"
     if rule is None or rule.enforce is None:
         return f"rule {plan.rule} no longer enforces"
+    if rule.enforce.is_exempt(plan.group):
+        return f"{plan.subject} is exempt now"
     if rule.limit > plan.limit and known and (finding is None or not triggers(rule, finding,
                                                                                now)):
         return (f"the budget line was raised from {money_text(plan.limit, plan.currency)} "

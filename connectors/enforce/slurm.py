@@ -22,6 +22,7 @@ work.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -40,6 +41,9 @@ HELD_BY_ADMIN = "JobHeldAdmin"
 JOB = "job:"
 ASSOC = "assoc"
 Tres = dict[str, int]
+# One Slurm account or user name. Slurm's commands read a comma as a list of names, and an
+# argument starting with a dash as an option: a tag value holding either would act on others.
+SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")
 
 
 class SlurmEnforceParams(EnforceParams):
@@ -177,6 +181,9 @@ class SlurmEnforcer(EnforceConnector):
             if not value:
                 raise NotEnforceable("failed", f"the group has no {tag} tag to name the "
                                      f"Slurm {key}")
+            if not SLURM_NAME.match(value):
+                raise NotEnforceable("failed", f"{tag} {value!r} is not one Slurm {key} name "
+                                     "(letters, digits, _ . @ + -): nothing done")
             target[key] = value
         if params.action != "hold_pending":
             await self._association(target, params)
@@ -311,16 +318,24 @@ class SlurmEnforcer(EnforceConnector):
                            ) -> dict[str, str]:
         """The association's current fields (as ``set`` names them)."""
         where = _where(target, params)
-        fields = ["Account", "User", *FORMAT_FIELDS.values()]
+        fields = ["Cluster", "Account", "User", *FORMAT_FIELDS.values()]
         done = await self._run(["sacctmgr", "--noheader", "--parsable2", "show", "assoc",
                                 *where, f"format={','.join(fields)}"])
         if done.returncode != 0:
             raise RuntimeError(f"sacctmgr show assoc failed: {done.stderr.strip()[:200]}")
-        for line in done.stdout.splitlines():
-            values = dict(zip(fields, line.split("|"), strict=False))
-            if values.get("User", "") == target.get("user", ""):
-                return {name: values.get(shown, "") for name, shown in FORMAT_FIELDS.items()}
-        raise NotEnforceable("failed", f"Slurm has no association for {_who(target)}")
+        found = [values for values in (dict(zip(fields, line.split("|"), strict=False))
+                                       for line in done.stdout.splitlines())
+                 if values.get("User", "") == target.get("user", "")]
+        if not found:
+            raise NotEnforceable("failed", f"Slurm has no association for {_who(target)}")
+        if len(found) > 1:
+            # One modify would set them all, and the lift would give them all the first's
+            # values back: name the one meant.
+            places = ", ".join(f"cluster {v.get('Cluster', '?')} account {v.get('Account', '?')}"
+                               for v in found)
+            raise NotEnforceable("failed", f"{_who(target)} has {len(found)} associations "
+                                 f"({places}): set cluster (and account_tag) to name one")
+        return {name: found[0].get(shown, "") for name, shown in FORMAT_FIELDS.items()}
 
     async def _modify(self, target: Mapping[str, str], params: SlurmEnforceParams,
                       settings: Mapping[str, str]) -> None:

@@ -42,6 +42,7 @@ from costline.rules.enforce import (
     dry_run_record,
     effective_mode,
     group_key,
+    interrupted_refusal,
     keep_key,
     latest_findings,
     lift_reason,
@@ -325,12 +326,27 @@ class Enforcer:
         return False
 
     async def _reconcile(self, tracked: Enforcement, now: float) -> None:
-        """Finish what a worker that stopped left half done, from the recorded values."""
-        if tracked.state == "executing":
-            await self._apply(tracked, now, how="completed after a restart: ")
-        else:
+        """Finish what a worker that stopped left half done, from the recorded values. An
+        enforcement is finished only if it would still be started now; else what it recorded
+        is restored, and one that recorded nothing is closed (planned again, with its grace,
+        if the group is still over)."""
+        if tracked.state != "executing":
             await self._finish_lift(tracked.plan, tracked.before, now,
                                     "lift completed after a restart")
+            return
+        paused = await self._ledger.paused() is not None
+        why = interrupted_refusal(tracked, self.rule(tracked.plan.rule), paused=paused, now=now)
+        if why is None:
+            await self._apply(tracked, now, how="completed after a restart: ")
+        elif not tracked.before:
+            await self._close(tracked, "skipped", f"stopped before it changed anything, and "
+                              f"{why}", now)
+        elif await self._ledger.claim(tracked.plan.plan_id, self.worker, now, seen="executing",
+                                      to="lifting", name=f"lift-{now:.3f}",
+                                      check_pause=False) == "claimed":
+            await self._finish_lift(tracked.plan, tracked.before, now,
+                                    f"stopped half way, and {why}: rolled back",
+                                    closing="skipped")
 
     async def _close(self, tracked: Enforcement, step: EnforceStep, reason: str, now: float,
                      detail: Mapping[str, Any] | None = None) -> None:

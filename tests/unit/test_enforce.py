@@ -15,7 +15,7 @@ from costline.connectors.enforce.slurm import SlurmEnforceParams
 from costline.connectors.enforce_ledger import memory_enforce_ledger
 from costline.connectors.plugins import PLUGINS
 from costline.rules.durations import period_bounds
-from costline.rules.enforce import EnforcePlan, triggers
+from costline.rules.enforce import EnforcePlan, group_key, triggers
 from costline.rules.findings import Finding, Forecast
 from costline.rules.kinds.budget import BudgetRule
 from costline.rules.loader import RulesInvalid, load_rule_text
@@ -47,6 +47,12 @@ USD = 1_000_000
 def rules(limit: int = 100, extra: str = "", mode: str = "live") -> Any:
     return load_rule_text(RULES % {"limit": limit, "extra": extra, "mode": mode},
                           plugins=PLUGINS)
+
+
+def exempting_pretrain() -> Any:
+    """The rules, reloaded with pretrain exempt too."""
+    text = RULES.replace("{team: infra}", "{team: [infra, pretrain]}")
+    return load_rule_text(text % {"limit": 100, "extra": "", "mode": "live"}, plugins=PLUGINS)
 
 
 def finding(team: str, spent: float, now: float = T0,
@@ -298,6 +304,69 @@ def test_a_failed_change_is_rolled_back() -> None:
     assert "rolled back" in world.sent[-1]["reason"]
     assert world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=64"
     assert asyncio.run(world.ledger.plans()) == []
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ("pause", "enforcement is paused"),
+    ("exempt", "an exempt tag is set"),
+    ("dry_run", "is in dry run now"),
+])
+def test_an_enforcement_stopped_half_way_is_rolled_back_if_it_would_not_start_now(
+        change: str, why: str) -> None:
+    """What changed while no worker ran counts as it would have before the change began."""
+    world = World()
+    world.run(finding("pretrain", 120))
+    world.slurm.crash_after_apply = True
+    with pytest.raises(SystemExit):
+        world.run(finding("pretrain", 120), at=T0 + 10 * MIN)
+    world.slurm.crash_after_apply = False
+    if change == "pause":
+        asyncio.run(world.enforcer.pause("alice"))
+    elif change == "exempt":
+        world.rules = exempting_pretrain()
+    else:
+        world.rules = rules(mode="dry_run")
+    world.enforcer = world.make()  # a new worker
+    world.run(at=T0 + 11 * MIN)
+    assert world.steps()[-1] == ("team=pretrain", "skipped")
+    assert why in world.sent[-1]["reason"] and "rolled back" in world.sent[-1]["reason"]
+    assert world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=64"
+    assert asyncio.run(world.ledger.plans()) == []
+
+
+def test_an_enforcement_stopped_before_it_changed_anything_is_closed_not_started() -> None:
+    world = World()
+    world.run(finding("pretrain", 120))
+    [tracked] = asyncio.run(world.ledger.plans())
+    assert asyncio.run(world.ledger.claim(tracked.plan.plan_id, "gone", T0 + 10 * MIN)) == \
+        "claimed"  # a worker took it and stopped before it recorded anything
+    asyncio.run(world.enforcer.pause("alice"))
+    world.enforcer = world.make()
+    world.run(at=T0 + 11 * MIN)
+    assert world.steps()[-1] == ("team=pretrain", "skipped")
+    assert "stopped before it changed anything" in world.sent[-1]["reason"]
+    assert world.slurm.applied == [] and world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=64"
+
+
+def test_an_enforced_group_made_exempt_is_lifted() -> None:
+    world = World()
+    world.run(finding("pretrain", 120))
+    world.run(finding("pretrain", 120), at=T0 + 10 * MIN)
+    assert world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=0"
+    world.rules = exempting_pretrain()
+    world.run(finding("pretrain", 130), at=T0 + 20 * MIN)
+    assert world.steps()[-1] == ("team=pretrain", "lifted")
+    assert "team=pretrain is exempt now" in world.sent[-1]["reason"]
+    assert world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=64"
+
+
+def test_two_groups_never_share_a_key() -> None:
+    """Tag values may hold , and =: each group is enforced on its own finding."""
+    one = {"team": "a", "project": "b,project=c"}
+    other = {"team": "a,project=b", "project": "c"}
+    assert group_key(one) != group_key(other)
+    assert group_key({"team": "pretrain", "env": "prod"}) == "team=pretrain,env=prod"
+    assert group_key({"team": "50%"}) == "team=50%25"
 
 
 # ── what the Slurm connector restores ─────────────────────────────────────────────────────
