@@ -99,6 +99,9 @@ class Enforcer:
         self._findings: dict[str, dict[str, Finding]] = {}
         self._reconciled = False
         self._lift_retry: dict[str, float] = {}
+        # Roll-backs whose lift failed: the plan stays ``lifting`` (never swept) and is tried
+        # again; its reason and closing step, for the record that ends it.
+        self._rollbacks: dict[str, tuple[str, EnforceStep]] = {}
 
     @property
     def ledger(self) -> EnforceLedger:
@@ -180,7 +183,9 @@ class Enforcer:
             if tracked.state == "planned" and at - tracked.plan.planned_at >= WARN_RETRY_S:
                 await self._warn(tracked.plan, at)
             elif tracked.state in ("executing", "lifting") and (
-                    first or (tracked.claimed_at or at) + self._claim_timeout_s <= at):
+                    first or (tracked.claimed_at or at) + self._claim_timeout_s <= at
+                    or (tracked.state == "lifting"
+                        and self._lift_retry.get(tracked.plan.plan_id, at + 1) <= at)):
                 await self._reconcile(tracked, at)
             elif tracked.state == "enforced":
                 await self._maintain(tracked, at, paused)
@@ -303,8 +308,10 @@ class Enforcer:
 
     async def _finish_lift(self, plan: EnforcePlan, before: Mapping[str, Any], now: float,
                            reason: str, closing: EnforceStep = "lifted") -> bool:
-        """Restore what was recorded; a lift that fails goes back to ``enforced`` and is
-        tried again a minute later."""
+        """Restore what was recorded; a lift that fails is tried again a minute later. A lift
+        goes back to ``enforced`` meanwhile (its reason is still there then); a roll-back
+        (``closing`` other than ``lifted``) stays ``lifting``, as nothing else would finish it
+        and an enforced plan would go on sweeping."""
         connector = self._connectors.get(plan.connector)
         try:
             if connector is None:
@@ -317,12 +324,17 @@ class Enforcer:
                                    outcome.detail)
             await self._ledger.close(plan.plan_id, "lifting", record.to_dict(), 0)
             self._lift_retry.pop(plan.plan_id, None)
+            self._rollbacks.pop(plan.plan_id, None)
             log.info("lifted %s for %s: %s", plan.subject, plan.rule, record.reason)
             return True
         self._lift_retry[plan.plan_id] = now + LIFT_RETRY_S
         record = EnforceRecord(plan, "failed", f"lift failed ({reason}): {outcome.reason}; "
                                "tried again in a minute", now, serial=f"lift-{now:.3f}")
-        await self._ledger.advance(plan.plan_id, "lifting", "enforced", record.to_dict(), now)
+        rollback = closing != "lifted"
+        if rollback:
+            self._rollbacks[plan.plan_id] = (reason, closing)
+        await self._ledger.advance(plan.plan_id, "lifting", "lifting" if rollback else "enforced",
+                                   record.to_dict(), now)
         return False
 
     async def _reconcile(self, tracked: Enforcement, now: float) -> None:
@@ -331,8 +343,9 @@ class Enforcer:
         is restored, and one that recorded nothing is closed (planned again, with its grace,
         if the group is still over)."""
         if tracked.state != "executing":
-            await self._finish_lift(tracked.plan, tracked.before, now,
-                                    "lift completed after a restart")
+            reason, closing = self._rollbacks.get(
+                tracked.plan.plan_id, ("lift completed after a restart", "lifted"))
+            await self._finish_lift(tracked.plan, tracked.before, now, reason, closing)
             return
         paused = await self._ledger.paused() is not None
         why = interrupted_refusal(tracked, self.rule(tracked.plan.rule), paused=paused, now=now)

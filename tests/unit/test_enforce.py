@@ -71,6 +71,7 @@ class FakeSlurm(EnforceConnector):
     assoc: dict[str, dict[str, str]] = field(default_factory=dict)
     crash_after_apply: bool = False
     fail_apply: bool = False
+    fail_lifts: int = 0
     applied: list[str] = field(default_factory=list)
 
     async def identify(self, plan: EnforcePlan) -> dict[str, str]:
@@ -98,6 +99,9 @@ class FakeSlurm(EnforceConnector):
         return Outcome("executed", f"set GrpTRES=cpu=0 on {plan.target['account']}")
 
     async def lift(self, plan: EnforcePlan, before: Mapping[str, Any]) -> Outcome:
+        if self.fail_lifts:
+            self.fail_lifts -= 1
+            raise RuntimeError("sacctmgr: connection refused")
         current = self.assoc[plan.target["account"]]
         if current["GrpTRES"] != "cpu=0":
             return Outcome("executed", "left GrpTRES as someone changed it since")
@@ -367,6 +371,24 @@ def test_two_groups_never_share_a_key() -> None:
     assert group_key(one) != group_key(other)
     assert group_key({"team": "pretrain", "env": "prod"}) == "team=pretrain,env=prod"
     assert group_key({"team": "50%"}) == "team=50%25"
+
+
+def test_a_roll_back_that_fails_is_tried_again_and_never_taken_for_an_enforcement() -> None:
+    world = World()
+    world.slurm.fail_apply, world.slurm.fail_lifts = True, 1
+    world.run(finding("pretrain", 120))
+    world.run(finding("pretrain", 120), at=T0 + 10 * MIN)
+    [tracked] = asyncio.run(world.ledger.plans())
+    assert tracked.state == "lifting" and world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=0"
+    assert "lift failed" in world.sent[-1]["reason"]
+    world.run(finding("pretrain", 120), at=T0 + 10 * MIN + 30)  # before its retry
+    assert asyncio.run(world.ledger.plans())[0].state == "lifting"
+    world.run(finding("pretrain", 120), at=T0 + 11 * MIN + 1)
+    assert world.steps()[-1] == ("team=pretrain", "failed")
+    assert "could not enforce" in world.sent[-1]["reason"] and \
+        "rolled back" in world.sent[-1]["reason"]
+    assert world.slurm.assoc["pretrain"]["GrpTRES"] == "cpu=64"
+    assert asyncio.run(world.ledger.plans()) == []
 
 
 # ── what the Slurm connector restores ─────────────────────────────────────────────────────
