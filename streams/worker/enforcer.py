@@ -97,6 +97,7 @@ class Enforcer:
         self._claim_timeout_s = claim_timeout_s
         self._clock = clock
         self._findings: dict[str, dict[str, Finding]] = {}
+        self._evaluated_at: dict[str, float] = {}  # rule → when its findings were submitted
         self._reconciled = False
         self._lift_retry: dict[str, float] = {}
         # Roll-backs whose lift failed: the plan stays ``lifting`` (never swept) and is tried
@@ -130,6 +131,7 @@ class Enforcer:
             if rule is None or rule.enforce is None:
                 continue
             self._findings[name] = latest_findings(found)
+            self._evaluated_at[name] = at
             for finding in found:
                 if triggers(rule, finding, at):
                     await self._plan(rule, finding, at, paused)
@@ -195,10 +197,14 @@ class Enforcer:
             await self._settle(name, list(group), at, paused)
         return handed + await self.flush()
 
-    def _latest(self, plan: EnforcePlan) -> tuple[Finding | None, bool]:
-        """The group's latest finding, and whether its rule was evaluated since the start."""
+    def _latest(self, plan: EnforcePlan, since: float | None = None
+                ) -> tuple[Finding | None, bool]:
+        """The group's latest finding, and whether its rule was evaluated since the start (at
+        ``since`` or later, when given)."""
         found = self._findings.get(plan.rule)
-        return (found or {}).get(plan.subject), found is not None
+        evaluated = self._evaluated_at.get(plan.rule)
+        known = evaluated is not None and (since is None or evaluated >= since)
+        return (found or {}).get(plan.subject), known
 
     async def _settle(self, name: str, due: list[Enforcement], now: float,
                       paused: bool) -> None:
@@ -208,7 +214,9 @@ class Enforcer:
         for tracked in due:
             plan = tracked.plan
             keep = await self._ledger.kept(keep_key(plan.rule, plan.group), now)
-            finding, known = self._latest(plan)
+            # The re-check after the grace reads an evaluation made once the grace was over, not
+            # the one that planned it (an evaluator that stopped answering would enforce on it).
+            finding, known = self._latest(plan, since=tracked.due_at)
             found = verdict(tracked, rule, finding, known, now, paused=paused, keep=keep)
             if isinstance(found, Skip):
                 await self._close(tracked, "skipped", found.reason, now)

@@ -391,6 +391,19 @@ def test_a_roll_back_that_fails_is_tried_again_and_never_taken_for_an_enforcemen
     assert asyncio.run(world.ledger.plans()) == []
 
 
+def test_the_re_check_after_the_grace_waits_for_an_evaluation_made_after_it() -> None:
+    """The finding that planned it says nothing of now: an evaluator that stopped answering
+    (and a credit meanwhile) must not lead to an enforcement."""
+    world = World()
+    world.run(finding("pretrain", 120))
+    world.now = T0 + 10 * MIN
+    asyncio.run(world.enforcer.tick(world.now))  # the grace is over, no evaluation since
+    assert [t.state for t in asyncio.run(world.ledger.plans())] == ["warned"]
+    assert world.slurm.applied == []
+    world.run(finding("pretrain", 120), at=T0 + 10 * MIN + 30)
+    assert world.steps()[-1] == ("team=pretrain", "executed")
+
+
 # ── what the Slurm connector restores ─────────────────────────────────────────────────────
 
 
