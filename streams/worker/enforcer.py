@@ -289,6 +289,7 @@ class Enforcer:
         if (connector is None or paused or not connector.sweeps(plan)
                 or effective_mode(plan, rule) != "live"):
             return
+        more: dict[str, Any] = {}
         try:
             more = await connector.snapshot(plan, tracked.before)
             if not more or not await self._ledger.note(plan.plan_id, "enforced", more):
@@ -296,7 +297,12 @@ class Enforcer:
             outcome = await connector.apply(plan, more)
         except Exception as exc:  # noqa: BLE001 - the next tick sweeps again
             log.warning("sweep of %s failed: %s", plan.subject, error_text(exc))
-            return
+            if not more:
+                return
+            # Recorded before the command that failed, which may have acted: the audit log
+            # says so, and the lift gives back whatever of it did.
+            outcome = Outcome("failed", f"{error_text(exc)}; it may have acted on "
+                              f"{', '.join(sorted(more))}, which the lift gives back")
         step: EnforceStep = "executed" if outcome.step == "executed" else "failed"
         record = EnforceRecord(plan, step, f"sweep: {outcome.reason}", now, outcome.detail,
                                serial=f"sweep-{now:.3f}")

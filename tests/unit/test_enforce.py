@@ -404,6 +404,39 @@ def test_the_re_check_after_the_grace_waits_for_an_evaluation_made_after_it() ->
     assert world.steps()[-1] == ("team=pretrain", "executed")
 
 
+def test_a_sweep_that_fails_after_it_recorded_its_jobs_is_in_the_audit_log() -> None:
+    """The hold may have taken effect before its command timed out: it is on record."""
+
+    @dataclass
+    class Sweeping(FakeSlurm):
+        submitted: list[str] = field(default_factory=list)
+
+        def sweeps(self, plan: EnforcePlan) -> bool:
+            return True
+
+        async def snapshot(self, plan: EnforcePlan, before: Mapping[str, Any]
+                           ) -> dict[str, Any]:
+            if "assoc" not in before:
+                return await super().snapshot(plan, before)
+            return {f"job:{j}": {} for j in self.submitted if f"job:{j}" not in before}
+
+        async def apply(self, plan: EnforcePlan, before: Mapping[str, Any]) -> Outcome:
+            if any(key.startswith("job:") for key in before) and self.submitted:
+                raise TimeoutError("scontrol did not answer within 30s")
+            return await super().apply(plan, before)
+
+    world = World()
+    world.slurm = Sweeping(assoc=world.slurm.assoc)
+    world.enforcer = world.make()
+    world.run(finding("pretrain", 120))
+    world.run(finding("pretrain", 120), at=T0 + 10 * MIN)
+    world.slurm.submitted = ["103"]
+    world.run(finding("pretrain", 120), at=T0 + 11 * MIN)
+    assert world.steps()[-1] == ("team=pretrain", "failed")
+    assert "scontrol did not answer" in world.sent[-1]["reason"]
+    assert "job:103" in world.sent[-1]["reason"]
+
+
 # ── what the Slurm connector restores ─────────────────────────────────────────────────────
 
 
