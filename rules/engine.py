@@ -49,10 +49,22 @@ class Evaluation:
     findings: Mapping[str, list[Finding]] = field(default_factory=dict)
     reused: frozenset[str] = frozenset()
     """Rules whose findings were taken from the previous evaluation, not evaluated now."""
+    muted: frozenset[str] = frozenset()
+    """Alert ids muted now: silenced, or inhibited by a fault's recovery."""
 
     def evaluated(self) -> dict[str, list[Finding]]:
         """The findings of the rules evaluated now (what a consumer has not seen yet)."""
         return {name: found for name, found in self.findings.items() if name not in self.reused}
+
+    def actionable(self) -> dict[str, list[Finding]]:
+        """``evaluated`` without the findings whose alert is muted: what automation may act
+        on. An idle alert muted by a fault's recovery is idleness the fault explains, and a
+        silenced one was told to keep quiet: neither is released without a word."""
+        evaluated = self.evaluated()
+        if not self.muted:
+            return evaluated
+        return {name: [f for f in found if alert_id(name, f.group) not in self.muted]
+                for name, found in evaluated.items()}
 
 
 class Engine:
@@ -134,7 +146,8 @@ class Engine:
         ]
         self._rendered = rendered
         next_book, changes = advance(book or AlertBook(), observations, self.policies, now)
-        return Evaluation(now, changes, next_book, found, frozenset(reuse or ()))
+        muted = frozenset(o.alert_id for o in observations if o.mute is not None)
+        return Evaluation(now, changes, next_book, found, frozenset(reuse or ()), muted)
 
     def _observe(
         self,

@@ -284,8 +284,8 @@ class Wiring:
                 log.info("evaluation ended by the stop: %s", exc)
                 return
             if evaluation is not None:
-                # Reused findings were submitted when they were found.
-                await reclaimer.submit(evaluation.evaluated(), evaluation.at)
+                # Reused findings were submitted when they were found; muted ones are not.
+                await reclaimer.submit(evaluation.actionable(), evaluation.at)
 
         # Polling the data generation is one MGET: often enough that an alert follows its
         # spend within a fraction of a second; the evaluator decides whether to evaluate.

@@ -78,3 +78,20 @@ def test_faults_can_be_given_instead_of_read_from_the_state() -> None:
     record = FaultRecord(T0 + 30 * MIN, "oom", "gpu.h100", 1, 0, 1800, {"job": "run-42"})
     changes = _engine().evaluate(found, T0 + 40 * MIN, faults=[record]).changes
     assert [c["state"] for c in changes] == ["silenced"]
+
+
+def test_a_muted_idle_finding_is_not_handed_to_automation() -> None:
+    """Reclamation acts on ``actionable``: idleness a fault explains, or one silenced, is not
+    released without a word; the budget of the same job still counts."""
+    found = state(
+        *(sample(T0 + m * MIN, 0.0, job="run-42") for m in range(0, 61)),
+        usage(T0, 10, job="run-42"),
+        fault(T0 + 25 * MIN, recovery_seconds=20 * MIN, job="run-42"),
+    )
+    evaluation = _engine().evaluate(found, T0 + 40 * MIN)
+    assert evaluation.evaluated()["gpu-idle"] and evaluation.actionable()["gpu-idle"] == []
+    assert evaluation.actionable()["job-budget"] == evaluation.evaluated()["job-budget"]
+    silenced = _engine().evaluate(found, T0 + 50 * MIN,
+                                  silences=[Silence("s", ends_at=T0 + HOUR, rule="gpu-idle")])
+    assert silenced.actionable()["gpu-idle"] == []
+    assert _engine().evaluate(found, T0 + 50 * MIN).actionable()["gpu-idle"]
