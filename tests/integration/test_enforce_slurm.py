@@ -166,6 +166,7 @@ async def test_hold_pending_holds_queued_and_new_jobs_and_rollover_releases_them
     rules = ruleset(", action: hold_pending")
     enforcer = site.enforcer(rules)
     t0 = await crossed(site, enforcer, rules, account)
+    await site.evaluate(enforcer, rules, t0 + 1)  # the re-check after the grace
     await enforcer.tick(t0 + 1)
     assert site.published[-1]["step"] == "executed", site.published[-1]
     assert slurm.reason(queued) == "PENDING JobHeldAdmin"
@@ -192,6 +193,7 @@ async def test_limit_keeps_new_jobs_pending_and_a_raised_line_restores_it_exactl
     rules = {"now": ruleset(", action: limit, grp_tres: {cpu: 0}, max_submit_jobs: 20")}
     enforcer = site.enforcer(lambda: rules["now"])
     t0 = await crossed(site, enforcer, rules["now"], account)
+    await site.evaluate(enforcer, rules["now"], t0 + 1)
     await enforcer.tick(t0 + 1)
     executed = site.published[-1]
     assert executed["step"] == "executed", executed
@@ -224,6 +226,7 @@ async def test_qos_moves_the_association_and_the_lift_moves_it_back(
         rules = ruleset(f", action: qos, qos: {qos}")
         enforcer = site.enforcer(rules)
         t0 = await crossed(site, enforcer, rules, account)
+        await site.evaluate(enforcer, rules, t0 + 1)
         await enforcer.tick(t0 + 1)
         assert site.published[-1]["step"] == "executed", site.published[-1]
         after = slurm.submit("after", 600, f"--account={account}")
@@ -279,6 +282,7 @@ async def test_approval_waits_for_the_approve_button_and_the_lift_button_lifts(
     await enforcer.tick(t0 + 5)
     assert site.steps()[-1] == "warned", "enforced without approval"
     await press(enforcer, *button(site.published[-1], "Approve", approval="manual"))
+    await site.evaluate(enforcer, rules, t0 + 6)
     await enforcer.tick(t0 + 6)
     executed = site.published[-1]
     assert executed["step"] == "executed" and executed["approved_by"] == "ada", executed
@@ -299,6 +303,7 @@ async def test_a_dry_run_plans_and_warns_and_touches_nothing(
     rules = ruleset(", action: limit, grp_tres: {cpu: 0}", mode="dry_run")
     enforcer = site.enforcer(rules)
     t0 = await crossed(site, enforcer, rules, account)
+    await site.evaluate(enforcer, rules, t0 + 1)
     await enforcer.tick(t0 + 1)
     record = site.published[-1]
     assert (record["step"], record["mode"]) == ("skipped", "dry_run")

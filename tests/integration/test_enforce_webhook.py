@@ -58,6 +58,7 @@ async def test_enforce_then_lift_are_signed_requests(api: tuple[ReleaseApi, str]
     finding = Finding(group={"project": "llm"}, value=150_000_000, line="limit",
                       threshold=100_000_000, rank=0, lines=(), period=(start, end))
     await enforcer.submit({"project-monthly": [finding]}, now)
+    await enforcer.submit({"project-monthly": [finding]}, now + 2)  # the re-check after grace
     await enforcer.tick(now + 2)
     assert published[-1]["step"] == "executed"
     assert published[-1]["reason"] == "enforce API accepted: HTTP 200"
