@@ -26,22 +26,34 @@ class Stream(Protocol):
     def flush(self, timeout_s: float = 60.0) -> None: ...
 
 
-class Rows(Protocol):
-    """What the import hands converted rows to."""
-
-    tally: ImportTally
-
-    def add(self, row: Converted) -> None: ...
-
-    def flush(self) -> None: ...
-
-
 def row_key(row: Converted) -> tuple[str, str]:
     """The row's place in the memory: the month of its time, and its id."""
     return str(row.event.ts)[:7], row.event.event_id
 
 
-class Delivery:
+class Chunks:
+    """What the import hands converted rows to: gathered into chunks of ``CHUNK_ROWS``, each
+    full chunk flushed at once, the last one by the caller."""
+
+    def __init__(self, tally: ImportTally, basis: CostBasis) -> None:
+        self.tally, self.basis = tally, basis.value
+        self.pending: list[Converted] = []
+
+    def add(self, row: Converted) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= CHUNK_ROWS:
+            self.flush()
+
+    def take(self) -> tuple[list[Converted], list[tuple[str, str]]]:
+        """The chunk's rows and their places in the memory; the next chunk starts empty."""
+        rows, self.pending = self.pending, []
+        return rows, [row_key(row) for row in rows]
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+
+class Delivery(Chunks):
     """Converted rows to Kafka a chunk at a time, with the row memory written ahead
     (``focus_revision``): first the steps an earlier import left unacknowledged, sent again
     as they were; then what changed since, marked pending before it is sent and counted once
@@ -50,18 +62,11 @@ class Delivery:
 
     def __init__(self, tally: ImportTally, basis: CostBasis, stream: Stream | None = None,
                  ledger: RowLedger | None = None, summary: Summary | None = None) -> None:
-        self.tally, self.basis = tally, basis.value
+        super().__init__(tally, basis)
         self.stream, self.ledger, self.summary = stream, ledger, summary
-        self.pending: list[Converted] = []
-
-    def add(self, row: Converted) -> None:
-        self.pending.append(row)
-        if len(self.pending) >= CHUNK_ROWS:
-            self.flush()
 
     def flush(self) -> None:
-        rows, self.pending = self.pending, []
-        keys = [row_key(row) for row in rows]
+        rows, keys = self.take()
         states: list[RowState | None] = \
             self.ledger.states(keys) if self.ledger else [None] * len(rows)
         again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
@@ -105,23 +110,17 @@ class Delivery:
             self.ledger.write(states)
 
 
-class Recording:
+class Recording(Chunks):
     """``--record-only``: rows an import counted before the row memory existed are recorded
     as counted at their amount in this export, and nothing is sent. A row the memory already
     knows stays as it is (counted, revised or pending)."""
 
     def __init__(self, tally: ImportTally, basis: CostBasis, ledger: RowLedger) -> None:
-        self.tally, self.basis, self.ledger = tally, basis.value, ledger
-        self.pending: list[Converted] = []
-
-    def add(self, row: Converted) -> None:
-        self.pending.append(row)
-        if len(self.pending) >= CHUNK_ROWS:
-            self.flush()
+        super().__init__(tally, basis)
+        self.ledger = ledger
 
     def flush(self) -> None:
-        rows, self.pending = self.pending, []
-        keys = [row_key(row) for row in rows]
+        rows, keys = self.take()
         new = [(key, RowState(self.basis, row.micro))
                for key, row, state in zip(keys, rows, self.ledger.states(keys), strict=True)
                if state is None]

@@ -50,7 +50,7 @@ from costline.rules.money import money_micro
 from costline.rules.prices import PriceBook
 from costline.rules.yaml_source import SourceInvalid
 from costline.streams.cli import command_group
-from costline.streams.cli.focus_delivery import Delivery, Recording, Rows
+from costline.streams.cli.focus_delivery import Chunks, Delivery, Recording
 from costline.streams.cli.produce_cmd import (
     Message,
     Summary,
@@ -166,7 +166,7 @@ def _refuse_without_prices(book: PriceBook, missing: set[str], prices: Path) -> 
 
 
 def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter,
-                 delivery: Rows, advance: Callable[[int], None]) -> None:
+                 delivery: Chunks, advance: Callable[[int], None]) -> None:
     """Every row through the converter; the converted ones to ``delivery``."""
     done = 0
     for number, row in enumerate(read_rows(source, converter.basis, converter.spread), start=1):
@@ -348,7 +348,7 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
     sending = not dry_run and not record_only
     with bar, (nullcontext() if lock is None else _released(lock)), \
             (usage_stream(ctx, sent, batch) if sending else nullcontext(None)) as stream:
-        delivery: Rows = Recording(tally, basis, ledger) if record_only and ledger else \
+        delivery: Chunks = Recording(tally, basis, ledger) if record_only and ledger else \
             Delivery(tally, basis, stream, ledger, sent)
         for file in files:
             try:
