@@ -132,6 +132,19 @@ class BudgetRule(Rule):
         return "gross" if self.basis == "gross" else "cost"
 
     @model_validator(mode="after")
+    def _exempt_what_a_group_has(self) -> BudgetRule:
+        """An enforcement is exempted by its group's tags: a key outside ``group_by`` is in no
+        group, and would exempt nothing while reading as if it did."""
+        if self.enforce is None:
+            return self
+        stray = sorted(set(self.enforce.exempt) - set(self.group_by))
+        if stray:
+            raise PydanticCustomError(
+                "enforce", "enforce exempt: {keys} not in group_by, so it would exempt nothing "
+                "(a group has only its group_by tags)", {"keys": ", ".join(stray)})
+        return self
+
+    @model_validator(mode="after")
     def _enforce_at_a_line(self) -> BudgetRule:
         enforce = self.enforce
         if enforce is None or isinstance(enforce.at, str):

@@ -32,6 +32,9 @@ from costline.rules.reclaim_params import Reclaimer, ReclaimParams
 from costline.rules.registry import summary_of
 from costline.rules.state import ResourceSamples, StateView
 
+# What ``match`` reads beside tags, which a resource's samples do not carry as tags.
+PSEUDO_TAGS = frozenset({"category", "resource_type", "billing", "charge"})
+
 IDLE_LINE = "idle"
 MetricName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
 
@@ -167,6 +170,18 @@ class IdleRule(Rule):
     reclaim: Reclaim | None = Field(
         None, description="release the idle resource through a connector, after a grace"
     )
+
+    @model_validator(mode="after")
+    def _exempt_by_tags(self) -> IdleRule:
+        """A resource is exempted by its own tags; a pseudo-tag such as ``resource_type`` is
+        not one, and would exempt nothing while reading as if it did (``match`` leaves a
+        resource type out)."""
+        pseudo = sorted(set(self.exempt) & PSEUDO_TAGS)
+        if pseudo:
+            raise PydanticCustomError(
+                "exempt", "exempt: {keys} is not a tag of a resource, so it would exempt "
+                "nothing; leave such resources out with match", {"keys": ", ".join(pseudo)})
+        return self
 
     @property
     def pending_for(self) -> int:

@@ -161,6 +161,13 @@ def test_an_enforce_block_that_cannot_work_is_refused(extra: str, problem: str) 
         rules(extra=extra)
 
 
+def test_an_exempt_key_outside_group_by_is_refused() -> None:
+    """The group has only its team: a project would exempt nothing, silently."""
+    text = RULES.replace("{team: infra}", "{project: infra}")
+    with pytest.raises(RulesInvalid, match="enforce exempt: project not in group_by"):
+        load_rule_text(text % {"limit": 100, "extra": "", "mode": "live"}, plugins=PLUGINS)
+
+
 # ── the agent ─────────────────────────────────────────────────────────────────────────────
 
 

@@ -155,3 +155,10 @@ def test_the_connectors_are_the_ones_the_loader_is_given() -> None:
 def test_a_loader_given_no_connectors_knows_none() -> None:
     with pytest.raises(RulesInvalid, match=r"unknown connector 'slurm' \(known: none\)"):
         load_rule_text((IPMI_RULE % "slurm").replace("power: cycle", "action: cancel"))
+
+
+def test_an_exempt_key_a_resource_cannot_carry_is_refused() -> None:
+    """``exempt`` reads a resource's tags: a pseudo-tag would exempt nothing, silently."""
+    with pytest.raises(RulesInvalid, match="exempt: resource_type is not a tag of a resource"):
+        load_rule_text("rules:\n  - {name: gpu-idle, kind: idle, below: 0.05, for: 30m,"
+                       " exempt: {resource_type: gpu.h100}}\n", plugins=PLUGINS)
