@@ -372,15 +372,19 @@ def cap_breach(safety: Safety, releasing: int, matched: int, released_last_hour:
     """Why releasing ``releasing`` resources in one evaluation would break a cap, or ``None``.
 
     A breach aborts all of that evaluation's releases, not just the ones over the line: a
-    rule that suddenly finds half the cluster idle is more likely wrong than right.
+    rule that suddenly finds half the cluster idle is more likely wrong than right. Both caps
+    count the rule's releases of the last hour: resources a broken exporter turns idle a few
+    seconds apart come due in different evaluations, one or two at a time.
     """
-    if released_last_hour + releasing > safety.max_per_hour:
-        return (f"aborted: {releasing} releases would make {released_last_hour + releasing} "
-                f"in the last hour, over max_per_hour {safety.max_per_hour}")
-    if releasing * 100 > safety.max_percent * matched:
-        share = releasing * 100 / max(matched, 1)
-        return (f"aborted: {releasing} of the {matched} resources the rule matches "
-                f"({share:.0f}%) is over max_percent {safety.max_percent:g}")
+    total = released_last_hour + releasing
+    if total > safety.max_per_hour:
+        return (f"aborted: {releasing} releases would make {total} in the last hour, over "
+                f"max_per_hour {safety.max_per_hour}")
+    if total * 100 > safety.max_percent * matched:
+        share = total * 100 / max(matched, 1)
+        return (f"aborted: {releasing} releases would make {total} in the last hour of the "
+                f"{matched} resources the rule matches ({share:.0f}%), over max_percent "
+                f"{safety.max_percent:g}")
     return None
 
 

@@ -44,7 +44,7 @@ class ReclaimParams(BaseModel):
     )
     max_percent: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)] | None = Field(
         None,
-        description="most releases in one evaluation, as a percentage of the resources the "
+        description="most releases in any hour, as a percentage of the resources the "
         f"rule matches (default {DEFAULT_MAX_PERCENT:g})",
     )
     timezone: TimeZoneName | None = Field(

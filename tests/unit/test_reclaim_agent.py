@@ -295,7 +295,8 @@ async def test_max_percent_stops_a_mass_release() -> None:
     records = await world.tick(DUE)
     assert {r["step"] for r in records} == {"failed"}
     assert records[0]["reason"] == (
-        "aborted: 3 of the 4 resources the rule matches (75%) is over max_percent 50")
+        "aborted: 3 releases would make 3 in the last hour of the 4 resources the rule "
+        "matches (75%), over max_percent 50")
     assert world.slurm.released == []
 
 

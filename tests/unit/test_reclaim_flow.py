@@ -195,8 +195,13 @@ def test_caps_per_hour_and_per_share() -> None:
     assert cap_breach(safety, 3, 10, 3) == (
         "aborted: 3 releases would make 6 in the last hour, over max_per_hour 5")
     assert cap_breach(safety, 3, 4, 0) == (
-        "aborted: 3 of the 4 resources the rule matches (75%) is over max_percent 50")
+        "aborted: 3 releases would make 3 in the last hour of the 4 resources the rule "
+        "matches (75%), over max_percent 50")
     assert cap_breach(safety, 2, 4, 0) is None
+    # Due one at a time (resources turned idle seconds apart): the hour still counts them.
+    assert cap_breach(safety, 1, 4, 2) == (
+        "aborted: 1 releases would make 3 in the last hour of the 4 resources the rule "
+        "matches (75%), over max_percent 50")
 
 
 def test_safety_defaults_and_the_written_parameters() -> None:
