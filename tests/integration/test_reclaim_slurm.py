@@ -194,8 +194,8 @@ async def test_a_dry_run_rule_touches_nothing(site: Site, slurm: SlurmCluster) -
 
 
 @pytest.mark.parametrize(("extra", "reason"), [
-    (", max_percent: 50", "aborted: 4 of the 4 resources the rule matches (100%) is over "
-                          "max_percent 50"),
+    (", max_percent: 50", "aborted: 4 releases would make 4 in the last hour of the 4 "
+                          "resources the rule matches (100%), over max_percent 50"),
     (", max_per_hour: 3", "aborted: 4 releases would make 4 in the last hour, over "
                           "max_per_hour 3"),
 ], ids=["max_percent", "max_per_hour"])
