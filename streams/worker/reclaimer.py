@@ -70,6 +70,9 @@ RuleSource = RuleSet | Callable[[], RuleSet]
 DEFAULT_COOLDOWN_S = 3600
 DEFAULT_CLAIM_TIMEOUT_S = 900
 WARN_RETRY_S = 30
+# A release this long after its round read the samples (the releases before it were slow: a
+# webhook retrying, say) reads them again first: the resource may be busy by now.
+RECHECK_AFTER_S = 10.0
 """A plan still ``planned`` this long after it was made lost its warning: send it again."""
 
 
@@ -226,6 +229,16 @@ class Reclaimer:
         if live:
             await self._release_all(rule, live, matched, now)
 
+    async def _no_longer(self, tracked: Tracked, now: float) -> str | None:
+        """Why a plan its round found ready is not released after all, read again at ``now``."""
+        rule = self._rule(tracked.plan.rule)
+        samples, _ = await self._fresh_samples(rule, [tracked], now)
+        paused = await self._ledger.paused() is not None
+        keep = await self._ledger.kept(tracked.plan.resource_id, now)
+        found = verdict(tracked, rule, samples.get(tracked.plan.resource_id), now,
+                        paused=paused, keep=keep)
+        return found.reason if isinstance(found, Skip) else None
+
     async def _fresh_samples(self, rule: IdleRule | None, due: Sequence[Tracked], now: float
                              ) -> tuple[dict[str, ResourceSamples], int]:
         """Each resource's samples since the earliest plan needs them, and how many
@@ -259,6 +272,13 @@ class Reclaimer:
 
     async def _release(self, tracked: Tracked, now: float) -> None:
         plan = tracked.plan
+        later = self._clock()
+        if later - now >= RECHECK_AFTER_S:
+            why = await self._no_longer(tracked, later)
+            if why is not None:
+                await self._close(tracked, "skipped", why, later)
+                return
+            now = later
         claim = await self._ledger.claim(plan.plan_id, self.worker, now)
         if claim != "claimed":
             log.debug("not releasing %s: %s", plan.resource_id, claim)

@@ -453,3 +453,26 @@ async def test_a_warning_sent_late_still_gives_the_full_grace() -> None:
     assert world.slurm.released == []
     [executed] = await world.tick(PLAN_AT + 35 * MIN)
     assert executed["step"] == "executed"
+
+
+async def test_a_resource_busy_by_the_time_a_slow_round_reaches_it_is_skipped() -> None:
+    """The round read its samples before the first release, which took two minutes: the next
+    resource reported busy meanwhile and is read again before its own release."""
+    world = World()
+    world.idle("4211", "4212")
+    await world.plan()
+    slow = world.slurm.release
+
+    async def two_minutes(plan: Plan) -> Outcome:
+        outcome = await slow(plan)
+        world.now += 2 * MIN
+        for other in {"slurm/4211", "slurm/4212"} - {plan.resource_id}:
+            world.state.report(other, world.now - MIN, world.now, value=0.9)
+        return outcome
+
+    world.slurm.release = two_minutes  # type: ignore[method-assign]
+    await world.tick(DUE)
+    [first] = world.slurm.released
+    [other] = {"slurm/4211", "slurm/4212"} - {first}
+    assert world.last(other)["step"] == "skipped"
+    assert world.last(other)["reason"].startswith("busy again: gpu_util")
