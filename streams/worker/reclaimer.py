@@ -289,8 +289,24 @@ class Reclaimer:
             detail["approved_by"] = tracked.approved_by
         outcome = Outcome(outcome.step, outcome.reason, detail)
         record = outcome_record(plan, outcome, now, saving(plan, now, self._timezone))
-        await self._ledger.close(plan.plan_id, "executing", record.to_dict(), self._cooldown_s)
+        if not await self._ledger.close(plan.plan_id, "executing", record.to_dict(),
+                                        self._cooldown_s):
+            await self._late(record.to_dict())
+            return
         log.info("%s %s: %s", outcome.step, plan.resource_id, outcome.reason)
+
+    async def _late(self, record: dict[str, Any]) -> None:
+        """A release that outlasted its claim: the plan was closed meanwhile as outcome
+        unknown (``claim_timeout_s``), and the ledger takes no other outcome for it. What did
+        happen still goes to the audit log, straight to the sink."""
+        record = {**record, "action_id": f"{record['action_id']}:late",
+                  "reason": f"{record['reason']} (after the plan was closed as outcome unknown: "
+                            "the release outlasted the claim timeout)"}
+        log.error("%s %s late: %s", record["step"], record["resource_id"], record["reason"])
+        try:
+            await self._sink(record)
+        except Exception as exc:  # noqa: BLE001 - said in the log above, which is all there is
+            log.error("the audit log refused it: %s", error_text(exc))
 
     async def _run_connector(self, plan: Plan) -> Outcome:
         connector = self._connectors.get(plan.connector)

@@ -17,7 +17,7 @@ from costline.connectors.reclaim_ledger_memory import MemoryReclaimLedger
 from costline.connectors.slack_actions import ActionRequest
 from costline.rules.findings import Finding, ReclaimRequest
 from costline.rules.loader import load_rule_text
-from costline.rules.reclaim import Outcome, Plan
+from costline.rules.reclaim import Outcome, Plan, unknown_outcome
 from costline.rules.state import ResourceSamples, matches
 from costline.streams.worker.reclaimer import ReclaimActions, Reclaimer
 from tests.unit.rulefiles.builders import MIN, T0, book
@@ -476,3 +476,27 @@ async def test_a_resource_busy_by_the_time_a_slow_round_reaches_it_is_skipped() 
     [other] = {"slurm/4211", "slurm/4212"} - {first}
     assert world.last(other)["step"] == "skipped"
     assert world.last(other)["reason"].startswith("busy again: gpu_util")
+
+
+async def test_a_release_that_outlasted_its_claim_is_still_in_the_audit_log() -> None:
+    """Another worker closed the plan as outcome unknown while the release ran: what the
+    release did is published all the same, and said to be late."""
+    world = World()
+    world.idle("4211")
+    await world.plan()
+    slow = world.slurm.release
+
+    async def past_the_claim(plan: Plan) -> Outcome:
+        outcome = await slow(plan)
+        [tracked] = [t for t in await world.ledger.plans() if t.state == "executing"]
+        await world.ledger.close(plan.plan_id, "executing",
+                                 unknown_outcome(tracked, world.now).to_dict(), 0)
+        return outcome
+
+    world.slurm.release = past_the_claim  # type: ignore[method-assign]
+    await world.tick(DUE)
+    await world.reclaimer.flush()
+    steps = {r["step"]: r["reason"] for r in world.published if r["resource_id"] == "slurm/4211"}
+    assert steps["failed"].startswith("outcome unknown")
+    assert steps["executed"].endswith("(after the plan was closed as outcome unknown: the "
+                                      "release outlasted the claim timeout)")
