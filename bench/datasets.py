@@ -160,6 +160,9 @@ def generate(name: str, events: int, tagsets: int, partitions: int, seed: int,
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     construct, charge = UsageEvent.model_construct, book.charge
     keyed_by_job = name == "jobs"
+    # Random keys, from a generator of their own: the same for a seed (so is the spread over
+    # the partitions), and not shifting the events drawn from ``rng``.
+    keys = random.Random(f"{seed}:keys")
     # events waiting for a message: per partition (jobs), or one queue (uniform)
     pending: list[list[bytes]] = [[] for _ in range(partitions if keyed_by_job else 1)]
     first_job: list[str] = [""] * len(pending)
@@ -174,7 +177,7 @@ def generate(name: str, events: int, tagsets: int, partitions: int, seed: int,
         if keyed_by_job:
             partition, key = queue, first_job[queue]
         else:
-            key = secrets.token_hex(8)
+            key = f"{keys.getrandbits(64):016x}"
             partition = partition_of(key, partitions)
         messages.append((partition, key.encode(), b"[" + b",".join(values) + b"]"))
         by_partition[partition] += len(values)
