@@ -137,7 +137,7 @@ class WebhookReclaimer(ReclaimConnector):
     async def _post_with_retries(self, session: aiohttp.ClientSession, call: _Call,
                                  retries: int, backoff: float) -> Outcome:
         delays = backoff_delays(retries, backoff)
-        problem = ""
+        problem, unanswered = "", False
         for attempt in range(retries + 1):
             if attempt:
                 await self._sleep(delays[attempt - 1])
@@ -145,8 +145,12 @@ class WebhookReclaimer(ReclaimConnector):
                 return await self._post(session, call, attempt + 1)
             except Retry as exc:
                 problem = str(exc)
+                unanswered = unanswered or problem == "TimeoutError"
+        # A request that timed out reached the platform, which may have acted on it.
+        maybe = ("; a request went unanswered, so it may have acted: check the target (the "
+                 "Idempotency-Key is the plan id)") if unanswered else ""
         return Outcome("failed", f"release API did not accept after {retries + 1} "
-                       f"tries: {problem}", {"attempts": retries + 1})
+                       f"tries: {problem}{maybe}", {"attempts": retries + 1})
 
     async def _post(self, session: aiohttp.ClientSession, call: _Call, attempt: int) -> Outcome:
         import aiohttp  # here, not at the top: every costline command loads the connectors

@@ -134,7 +134,9 @@ async def test_a_slow_platform_times_out_and_is_retried(api: tuple[ReleaseApi, s
     outcome = await WebhookReclaimer(environ=ENV, sleep=Waits()).release(
         plan(url, timeout="1s", retries=1))
     assert (outcome.step, outcome.reason) == (
-        "failed", "release API did not accept after 2 tries: TimeoutError")
+        "failed", "release API did not accept after 2 tries: TimeoutError; a request went "
+        "unanswered, so it may have acted: check the target (the Idempotency-Key is the "
+        "plan id)")
     assert len(release.received) == 2
 
 
