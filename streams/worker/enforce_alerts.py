@@ -22,8 +22,11 @@ def enforcement_alert(record: dict[str, Any], notify: dict[str, Any] | None = No
     for the steps people need not hear of (``planned``, followed at once by ``warned``)."""
     step = str(record.get("step", ""))
     state = STATES.get(step)
-    if state is None or (step == "executed" and str(record.get("reason", "")).startswith(
-            "sweep:")):
+    # A step with a serial in its action id (a sweep, a lift that failed and is tried again)
+    # happens within an enforcement that goes on: it neither starts nor ends the message.
+    within = (str(record.get("action_id", "")).count(":") > 1
+              or str(record.get("reason", "")).startswith("sweep:"))
+    if state is None or (within and step in ("executed", "failed")):
         return None
     rule, subject = str(record.get("rule", "")), str(record.get("resource_id", ""))
     dry = record.get("mode") == "dry_run"

@@ -121,3 +121,9 @@ def test_an_enforcement_says_until_when_and_a_lift_resolves_it() -> None:
     assert buttons(render_alert(lifted).blocks) == []
     assert enforcement_alert(record("planned")) is None
     assert enforcement_alert(record("executed", "sweep: held 2 pending job(s)")) is None
+    # A sweep or a lift that failed and is tried again leaves the enforcement on: no change.
+    assert enforcement_alert(record("failed", "sweep: scontrol did not answer")) is None
+    retried = {**record("failed", "lift failed (period ended): sacctmgr refused; tried again in "
+                        "a minute"), "action_id": "p1:failed:lift-1796025600.000"}
+    assert enforcement_alert(retried) is None
+    assert enforcement_alert(record("failed", "could not enforce"))["state"] == "resolved"  # type: ignore[index]
