@@ -49,8 +49,8 @@ class Evaluation:
     findings: Mapping[str, list[Finding]] = field(default_factory=dict)
     reused: frozenset[str] = frozenset()
     """Rules whose findings were taken from the previous evaluation, not evaluated now."""
-    muted: frozenset[str] = frozenset()
-    """Alert ids muted now: silenced, or inhibited by a fault's recovery."""
+    muted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Rule → its alert ids muted now: silenced, or inhibited by a fault's recovery."""
 
     def evaluated(self) -> dict[str, list[Finding]]:
         """The findings of the rules evaluated now (what a consumer has not seen yet)."""
@@ -61,10 +61,10 @@ class Evaluation:
         on. An idle alert muted by a fault's recovery is idleness the fault explains, and a
         silenced one was told to keep quiet: neither is released without a word."""
         evaluated = self.evaluated()
-        if not self.muted:
-            return evaluated
-        return {name: [f for f in found if alert_id(name, f.group) not in self.muted]
-                for name, found in evaluated.items()}
+        for name, ids in self.muted.items():
+            if name in evaluated:
+                evaluated[name] = [f for f in evaluated[name] if alert_id(name, f.group) not in ids]
+        return evaluated
 
 
 class Engine:
@@ -146,8 +146,12 @@ class Engine:
         ]
         self._rendered = rendered
         next_book, changes = advance(book or AlertBook(), observations, self.policies, now)
-        muted = frozenset(o.alert_id for o in observations if o.mute is not None)
-        return Evaluation(now, changes, next_book, found, frozenset(reuse or ()), muted)
+        muted: dict[str, set[str]] = {}
+        for o in observations:
+            if o.mute is not None:
+                muted.setdefault(o.rule, set()).add(o.alert_id)
+        return Evaluation(now, changes, next_book, found, frozenset(reuse or ()),
+                          {rule: frozenset(ids) for rule, ids in muted.items()})
 
     def _observe(
         self,

@@ -30,10 +30,7 @@ from costline.rules.plugins import plugins_of
 from costline.rules.prices import exact, to_micro
 from costline.rules.reclaim_params import Reclaimer, ReclaimParams
 from costline.rules.registry import summary_of
-from costline.rules.state import ResourceSamples, StateView
-
-# What ``match`` reads beside tags, which a resource's samples do not carry as tags.
-PSEUDO_TAGS = frozenset({"category", "resource_type", "billing", "charge"})
+from costline.rules.state import PSEUDO_TAGS, ResourceSamples, StateView
 
 IDLE_LINE = "idle"
 MetricName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
@@ -176,7 +173,7 @@ class IdleRule(Rule):
         """A resource is exempted by its own tags; a pseudo-tag such as ``resource_type`` is
         not one, and would exempt nothing while reading as if it did (``match`` leaves a
         resource type out)."""
-        pseudo = sorted(set(self.exempt) & PSEUDO_TAGS)
+        pseudo = sorted(set(self.exempt) & set(PSEUDO_TAGS))
         if pseudo:
             raise PydanticCustomError(
                 "exempt", "exempt: {keys} is not a tag of a resource, so it would exempt "
