@@ -246,6 +246,7 @@ class Converted:
     event: UsageEvent
     micro: int  # the row's amount in the book's currency (a credit's is negative)
     pieces: tuple[UsageEvent, ...] = ()
+    scope: str = ""  # its export (``billing_scope``)
 
     @property
     def events(self) -> tuple[UsageEvent, ...]:
@@ -276,6 +277,26 @@ def identity(row: Mapping[str, str]) -> str:
     return "\x1f".join(values)
 
 
+def billing_scope(row: Mapping[str, str]) -> str:
+    """The export a row belongs to: its provider, billing account and billing period, as a
+    digest (``""`` without a BillingPeriodStart; ``focus_withdrawal`` says what it is for)."""
+    start = row.get("BillingPeriodStart")
+    if not start:
+        return ""
+    return _scope(row.get("ProviderName", ""), row.get("BillingAccountId", ""), start)
+
+
+@lru_cache(maxsize=1024)
+def _scope(provider: str, account: str, start: str) -> str:
+    text = "\x1f".join((provider, account, canonical_time(start)))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def identity_digest(row: Mapping[str, str]) -> str:
+    """The digest in a row's event id (``focus:<digest>``, ``:<n>`` after it for split lines)."""
+    return hashlib.sha256(identity(row).encode()).hexdigest()[:32]
+
+
 def resource_id_of(row: Mapping[str, str]) -> str:
     """ResourceId; rows without one (taxes, support, some data transfer) get a per-service id."""
     found = row.get("ResourceId") or row.get("ResourceName")
@@ -304,10 +325,23 @@ class FocusConverter:
     # which records what imports counted before they held such rows: the row as it stood.
     hold: bool = True
     warnings: Counter[str] = field(default_factory=Counter)
+    # The scopes of every row read, and the identities of the rows skipped: a row the file
+    # holds, counted or not, is never withdrawn as missing from it.
+    scopes: set[str] = field(default_factory=set)
+    skipped_ids: set[str] = field(default_factory=set)
     _seen: Counter[str] = field(default_factory=Counter)
 
     def convert(self, raw: Row) -> Converted | Skipped:
         row = without_nulls(raw)
+        scope = billing_scope(row)
+        if scope:
+            self.scopes.add(scope)
+        outcome = self._convert(row, scope)
+        if isinstance(outcome, Skipped):
+            self.skipped_ids.add(identity_digest(row))
+        return outcome
+
+    def _convert(self, row: Mapping[str, str], scope: str) -> Converted | Skipped:
         currency = (row.get("BillingCurrency") or self.currency).upper()
         amount = parse_cost(row.get(self.basis.column))
         if isinstance(amount, SkipReason):
@@ -331,8 +365,8 @@ class FocusConverter:
             return Skipped(SkipReason.future, micro, self.currency)
         event = self._event(row, hours[0], micro, currency)
         if len(hours) == 1:
-            return Converted(event, micro)
-        return Converted(event, micro, self._pieces(event, hours, micro))
+            return Converted(event, micro, scope=scope)
+        return Converted(event, micro, self._pieces(event, hours, micro), scope)
 
     def _still_accruing(self, row: Mapping[str, str]) -> bool:
         """A usage-based charge (or one that does not say) whose period ends after now."""
@@ -391,7 +425,7 @@ class FocusConverter:
         return charge
 
     def _event_id(self, row: Mapping[str, str]) -> str:
-        digest = hashlib.sha256(identity(row).encode()).hexdigest()[:32]
+        digest = identity_digest(row)
         self._seen[digest] += 1
         count = self._seen[digest]
         return f"focus:{digest}" + (f":{count}" if count > 1 else "")
@@ -450,13 +484,16 @@ def open_focus(path: Path) -> Iterator[tuple[IO[str], IO[bytes]]]:
             text.close()
 
 
-def read_rows(text: IO[str], basis: CostBasis, spread: bool = False
+def read_rows(text: IO[str], basis: CostBasis, spread: bool = False, complete: bool = False
               ) -> Iterator[dict[str, str | None]]:
-    """The rows of a FOCUS CSV; refuses a file without the columns an event needs."""
+    """The rows of a FOCUS CSV; refuses a file without the columns an event needs (and the
+    billing period, for ``--complete``)."""
     reader = csv.DictReader(text)
     header = set(reader.fieldnames or ())
     needed = (*REQUIRED_COLUMNS, basis.column, *(["ChargePeriodEnd"] if spread else []))
     missing = [c for c in needed if c not in header]
     if missing:
         raise FocusFormatError(f"not a FOCUS export: no column {', '.join(missing)}")
+    if complete and "BillingPeriodStart" not in header:
+        raise FocusFormatError("no column BillingPeriodStart: --complete needs the period")
     yield from reader

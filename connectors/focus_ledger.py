@@ -7,6 +7,12 @@ A row's state is a field of ``{NS:focus:YYYY-MM:SS}:rows``: the month of its Cha
 and no key grows past a few MB. Each key is kept 400 days after its last write, as the daily
 buckets are. The keys have a time to live, so a Redis that evicts (docs/OPERATIONS.md) may
 drop them too: keep ``noeviction``.
+
+Each row with a billing period is also named under its export (``focus.billing_scope``):
+``{NS:focus:scope:<scope>:SS}:attribution`` maps ``<month>\t<row id>`` to what
+``focus_withdrawal`` needs to withdraw the row should a later export of its billing period no
+longer hold it (its hours, time, resource and shape), and ``{NS:focus:scope:<scope>}:shapes``
+the shapes (tags, service, charge) by id. Kept as long as the states.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from costline.connectors.focus_revision import RowState
+from costline.connectors.focus_withdrawal import Attribution
 from costline.connectors.redis_client import RedisClient
 
 KEEP_S = 400 * 86400
@@ -27,8 +34,19 @@ Row = tuple[str, str]  # (month YYYY-MM, row id)
 
 def rows_key(namespace: str, row: Row) -> str:
     month, row_id = row
-    shard = hashlib.blake2b(row_id.encode(), digest_size=1).hexdigest()
-    return f"{{{namespace}:focus:{month}:{shard}}}:rows"
+    return f"{{{namespace}:focus:{month}:{_shard(row_id)}}}:rows"
+
+
+def attribution_key(namespace: str, scope: str, row_id: str) -> str:
+    return f"{{{namespace}:focus:scope:{scope}:{_shard(row_id)}}}:attribution"
+
+
+def shapes_key(namespace: str, scope: str) -> str:
+    return f"{{{namespace}:focus:scope:{scope}}}:shapes"
+
+
+def _shard(row_id: str) -> str:
+    return hashlib.blake2b(row_id.encode(), digest_size=1).hexdigest()
 
 
 def lock_key(namespace: str) -> str:
@@ -46,8 +64,7 @@ class RowLedger:
             for row in rows:
                 pipe.hget(rows_key(self.namespace, row), row[1])
             found = pipe.execute()
-        return [None if value is None else RowState.decode(
-            value.decode() if isinstance(value, bytes) else value) for value in found]
+        return [None if value is None else RowState.decode(_text(value)) for value in found]
 
     def write(self, states: Iterable[tuple[Row, RowState]]) -> None:
         by_key: dict[str, dict[str, str]] = {}
@@ -61,7 +78,57 @@ class RowLedger:
                 pipe.expire(key, KEEP_S)
             pipe.execute()
 
+    def attribute(self, rows: Iterable[tuple[str, Row, Attribution]]) -> None:
+        """Name rows under their scopes: (scope, row, attribution)."""
+        by_key: dict[str, dict[str, str]] = {}
+        for scope, (month, row_id), named in rows:
+            by_key.setdefault(attribution_key(self.namespace, scope, row_id), {})[
+                f"{month}\t{row_id}"] = named.text
+            by_key.setdefault(shapes_key(self.namespace, scope), {})[named.shape_id] = \
+                named.shape
+        if not by_key:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key, fields in by_key.items():
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                pipe.expire(key, KEEP_S)
+            pipe.execute()
+
+    def scope_rows(self, scope: str) -> list[Row]:
+        """Every row named under ``scope``."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(256):
+                pipe.hkeys(f"{{{self.namespace}:focus:scope:{scope}:{shard:02x}}}:attribution")
+            found = pipe.execute()
+        rows: list[Row] = []
+        for fields in found:
+            for field in fields:
+                month, _, row_id = _text(field).partition("\t")
+                rows.append((month, row_id))
+        return rows
+
+    def attributions(self, scope: str, rows: Sequence[Row]) -> list[str | None]:
+        """What ``attribute`` kept of each of ``rows`` under ``scope``."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for month, row_id in rows:
+                pipe.hget(attribution_key(self.namespace, scope, row_id), f"{month}\t{row_id}")
+            found = pipe.execute()
+        return [None if value is None else _text(value) for value in found]
+
+    def shapes(self, scope: str, shape_ids: Sequence[str]) -> dict[str, str]:
+        """The shapes ``attribute`` kept under ``scope``, by id."""
+        ids = sorted(set(shape_ids))
+        if not ids:
+            return {}
+        found = self.redis.hmget(shapes_key(self.namespace, scope), ids)
+        return {i: _text(value) for i, value in zip(ids, found, strict=True)
+                if value is not None}
+
     def lock(self) -> Any:
         """redis-py's lock on this namespace's imports (``acquire(blocking=False)`` is False
         while another import holds it)."""
         return self.redis.lock(lock_key(self.namespace), timeout=LOCK_S)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

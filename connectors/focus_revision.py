@@ -88,7 +88,7 @@ def _whole(row: Converted, micro: int) -> Converted:
         piece.model_copy(update=_amount(share))
         for piece, share in zip(row.pieces, split_micro(micro, len(row.pieces)), strict=True)
     ) if row.pieces else ()
-    return Converted(row.event.model_copy(update=_amount(micro)), micro, pieces)
+    return Converted(row.event.model_copy(update=_amount(micro)), micro, pieces, row.scope)
 
 
 def _revision(row: Converted, step: int, delta: int) -> Converted:
@@ -106,7 +106,7 @@ def _revision(row: Converted, step: int, delta: int) -> Converted:
             zip(row.pieces, split_micro(delta, len(row.pieces)), strict=True))
         if share
     ) if row.pieces else ()
-    return Converted(adjustment, delta, pieces)
+    return Converted(adjustment, delta, pieces, row.scope)
 
 
 def _text(number: int | None) -> str:

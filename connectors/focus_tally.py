@@ -25,6 +25,8 @@ class ImportTally:
     resent_rows: int = 0  # steps an earlier import left unacknowledged, sent again as they were
     unsent_rows: int = 0  # such steps Kafka did not acknowledge this time either: next import
     recorded_rows: int = 0  # --record-only: recorded as counted by an earlier import
+    withdrawn_rows: int = 0  # --complete: counted before, missing from the export: reversed
+    withdrawn_micro: int = 0  # what withdrawing them sent (minus what they had counted)
     events: int = 0
     cost_micro: int = 0
     credits_micro: int = 0
@@ -44,21 +46,32 @@ class ImportTally:
                 self.revised_rows += 1
             else:
                 self.converted_rows += 1
-            self.events += len(outcome.events)
-            self.cost_micro += outcome.micro
-            self.credits_micro += max(-outcome.micro, 0)
-            event = outcome.event
-            self.by_category[event.category.value if event.category else "other"] += \
-                outcome.micro
-            self.by_charge[event.charge.value] += outcome.micro
+            self._sent(outcome)
         else:
             self.skipped_rows[outcome.reason] += 1
             self.skipped_micro.setdefault(outcome.reason, Counter())[outcome.currency] += \
                 outcome.micro
 
-    def count_unsent(self) -> None:
-        """A row whose earlier step Kafka did not acknowledge again: nothing new was set out."""
-        self.rows += 1
+    def count_withdrawn(self, outcome: Converted | None) -> None:
+        """A row missing from a complete export: what was sent to take it to zero, or
+        ``None`` when nothing was (withdrawn before, or counted on the other cost basis)."""
+        if outcome is not None:
+            self.withdrawn_rows += 1
+            self.withdrawn_micro += outcome.micro
+            self._sent(outcome)
+
+    def _sent(self, outcome: Converted) -> None:
+        self.events += len(outcome.events)
+        self.cost_micro += outcome.micro
+        self.credits_micro += max(-outcome.micro, 0)
+        event = outcome.event
+        self.by_category[event.category.value if event.category else "other"] += outcome.micro
+        self.by_charge[event.charge.value] += outcome.micro
+
+    def count_unsent(self, read: bool = True) -> None:
+        """A row whose earlier step Kafka did not acknowledge again: nothing new was set out
+        (``read``: a row of the files, not one missing from them)."""
+        self.rows += read
         self.unsent_rows += 1
 
     @property
@@ -81,6 +94,8 @@ class ImportTally:
             "rows_resent": self.resent_rows,
             "rows_unsent": self.unsent_rows,
             "rows_recorded": self.recorded_rows,
+            "rows_withdrawn": self.withdrawn_rows,
+            "withdrawn_total": format_micro(self.withdrawn_micro),
             "events": self.events,
             "cost_total": format_micro(self.cost_micro),
             "gross_total": format_micro(self.cost_micro + self.credits_micro),

@@ -1,7 +1,9 @@
 """Where ``costline import focus`` takes converted bill rows: to Kafka with the row memory
 written ahead (``Delivery``), or, with ``--record-only``, into the row memory alone
 (``Recording``). Both take rows a chunk at a time: one round trip to Redis for a chunk's
-states, one for what it writes."""
+states, one for what it writes. Rows are named under their export (``focus_withdrawal``): those
+counted anew or revised, and every row with ``--record-only`` or ``--complete``; a complete
+delivery then withdraws the rows its exports no longer hold."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from costline.connectors.focus import Converted, CostBasis
 from costline.connectors.focus_ledger import RowLedger
 from costline.connectors.focus_revision import RowState, next_step, unfinished
 from costline.connectors.focus_tally import ImportTally
+from costline.connectors.focus_withdrawal import attribution, missing, rebuilt, shape_of
 from costline.rules.events import UsageEvent
 from costline.streams.cli.produce_cmd import Summary
 
@@ -38,6 +41,7 @@ class Chunks:
     def __init__(self, tally: ImportTally, basis: CostBasis) -> None:
         self.tally, self.basis = tally, basis.value
         self.pending: list[Converted] = []
+        self.held: set[tuple[str, str]] = set()  # every row taken: what --complete keeps
 
     def add(self, row: Converted) -> None:
         self.pending.append(row)
@@ -47,7 +51,9 @@ class Chunks:
     def take(self) -> tuple[list[Converted], list[tuple[str, str]]]:
         """The chunk's rows and their places in the memory; the next chunk starts empty."""
         rows, self.pending = self.pending, []
-        return rows, [row_key(row) for row in rows]
+        keys = [row_key(row) for row in rows]
+        self.held.update(keys)
+        return rows, keys
 
     def flush(self) -> None:
         raise NotImplementedError
@@ -61,12 +67,44 @@ class Delivery(Chunks):
     tallies what the import would send, writing nothing and sending nothing."""
 
     def __init__(self, tally: ImportTally, basis: CostBasis, stream: Stream | None = None,
-                 ledger: RowLedger | None = None, summary: Summary | None = None) -> None:
+                 ledger: RowLedger | None = None, summary: Summary | None = None,
+                 complete: bool = False) -> None:
         super().__init__(tally, basis)
         self.stream, self.ledger, self.summary = stream, ledger, summary
+        self.complete = complete
 
     def flush(self) -> None:
         rows, keys = self.take()
+        if self.complete:  # every row held is named, so that any may be withdrawn later
+            self._name(zip(rows, keys, strict=True))
+        self.deliver(rows, keys)
+
+    def _name(self, rows: Iterable[tuple[Converted, tuple[str, str]]]) -> None:
+        if self.stream is not None and self.ledger is not None:  # a dry run writes nothing
+            self.ledger.attribute((row.scope, key, attribution(row))
+                                  for row, key in rows if row.scope)
+
+    def withdraw(self, scopes: set[str], skipped_ids: set[str]) -> None:
+        """``--complete``: withdraw every row named under ``scopes`` that no chunk held (nor
+        the files skipped), a chunk at a time, written ahead as any step is. A dry run that
+        read the memory tallies what it would withdraw."""
+        if self.ledger is None:
+            return
+        for scope in sorted(scopes):
+            gone = missing(self.ledger.scope_rows(scope), self.held, skipped_ids)
+            for start in range(0, len(gone), CHUNK_ROWS):
+                keys = gone[start:start + CHUNK_ROWS]
+                kept = [(key, text) for key, text in
+                        zip(keys, self.ledger.attributions(scope, keys), strict=True) if text]
+                shapes = self.ledger.shapes(scope, [shape_of(text) for _, text in kept])
+                kept = [(key, text) for key, text in kept if shape_of(text) in shapes]
+                self.deliver([rebuilt(key[1], text, shapes, scope) for key, text in kept],
+                             [key for key, _ in kept], withdrawing=True)
+
+    def deliver(self, rows: list[Converted], keys: list[tuple[str, str]],
+                withdrawing: bool = False) -> None:
+        """Each row's next step; ``withdrawing``: rows rebuilt at zero, missing from the
+        export, which are not rows read."""
         states: list[RowState | None] = \
             self.ledger.states(keys) if self.ledger else [None] * len(rows)
         again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
@@ -77,19 +115,26 @@ class Delivery(Chunks):
                 states[index] = done
             self.tally.resent_rows += len(again)
         steps = []
+        stepped: list[tuple[Converted, tuple[str, str]]] = []
         for index, (row, state) in enumerate(zip(rows, states, strict=True)):
             if state is not None and state.pending is not None:  # still unacknowledged
-                self.tally.count_unsent()
+                self.tally.count_unsent(read=not withdrawing)
                 continue
             step = next_step(row, self.basis, state)
-            self.tally.count(None if step is None else step[0], revised=state is not None)
+            if withdrawing:
+                self.tally.count_withdrawn(None if step is None else step[0])
+            else:
+                self.tally.count(None if step is None else step[0], revised=state is not None)
             if step is not None:
                 other = state or RowState(self.basis, None)
                 steps.append((keys[index], other.sending(row.micro), *step))
-            elif state is not None and state.basis != self.basis:
+                stepped.append((row, keys[index]))
+            elif state is not None and state.basis != self.basis and not withdrawing:
                 self.tally.other_basis_rows += 1
         if not steps or self.stream is None:
             return
+        if not withdrawing and not self.complete:  # rows counted anew or revised are named
+            self._name(stepped)
         self._write((key, ahead) for key, ahead, _, _ in steps)
         if self._sent([sent for _, _, sent, _ in steps]):
             self._write((key, done) for key, _, _, done in steps)
@@ -121,6 +166,8 @@ class Recording(Chunks):
 
     def flush(self) -> None:
         rows, keys = self.take()
+        self.ledger.attribute((row.scope, key, attribution(row))
+                              for row, key in zip(rows, keys, strict=True) if row.scope)
         new = [(key, RowState(self.basis, row.micro))
                for key, row, state in zip(keys, rows, self.ledger.states(keys), strict=True)
                if state is None]

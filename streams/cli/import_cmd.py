@@ -166,10 +166,12 @@ def _refuse_without_prices(book: PriceBook, missing: set[str], prices: Path) -> 
 
 
 def convert_file(source: IO[str], raw: IO[bytes], converter: FocusConverter,
-                 delivery: Chunks, advance: Callable[[int], None]) -> None:
+                 delivery: Chunks, advance: Callable[[int], None], complete: bool = False
+                 ) -> None:
     """Every row through the converter; the converted ones to ``delivery``."""
     done = 0
-    for number, row in enumerate(read_rows(source, converter.basis, converter.spread), start=1):
+    rows = read_rows(source, converter.basis, converter.spread, complete)
+    for number, row in enumerate(rows, start=1):
         outcome = converter.convert(row)
         if isinstance(outcome, Converted):
             delivery.add(outcome)
@@ -199,6 +201,7 @@ class ImportReport:
     spread: bool = False
     memory_unread: str | None = None  # why a dry run did not read the row memory
     record_only: bool = False
+    complete: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         sent = self.sent.as_dict()
@@ -209,6 +212,7 @@ class ImportReport:
             "currency": self.currency,
             "dry_run": self.dry_run,
             "record_only": self.record_only,
+            "complete": self.complete,
             "spread": self.spread,
             "row_memory": "read" if self.memory_unread is None else "unread",
             **self.tally.as_dict(),
@@ -256,6 +260,13 @@ class ImportReport:
         if tally.revised_rows:
             typer.echo(f"  {_count(tally.revised_rows, 'row')} revised since an earlier import: "
                        "the difference sent as an adjustment")
+        if tally.withdrawn_rows:
+            verb = "would withdraw" if self.dry_run else "withdrew"
+            typer.echo(f"  {verb} {_count(tally.withdrawn_rows, 'row')} counted before and "
+                       f"missing from this export of their billing period: "
+                       f"{money(tally.withdrawn_micro)} as adjustments")
+        elif self.complete and not self.record_only:
+            typer.echo("  no row counted before is missing from this export")
         if tally.resent_rows:
             verb = "would be sent" if self.dry_run else "sent"
             typer.echo(f"  {_count(tally.resent_rows, 'row')} an earlier import left "
@@ -294,7 +305,8 @@ class FileFailed(Exception):
         super().__init__(f"{file}: {cause}")
 
 
-def check_parts(files: list[Path], basis: CostBasis, spread: bool) -> None:
+def check_parts(files: list[Path], basis: CostBasis, spread: bool,
+                complete: bool = False) -> None:
     """Before anything is sent: every file is a FOCUS CSV with the columns needed, and none
     is another's copy. The files are numbered as one export's parts, so the same rows twice
     would be taken for split lines and counted twice."""
@@ -302,7 +314,7 @@ def check_parts(files: list[Path], basis: CostBasis, spread: bool) -> None:
     for file in files:
         try:
             with open_focus(file) as (text, _):
-                next(read_rows(text, basis, spread), None)
+                next(read_rows(text, basis, spread, complete), None)
             with file.open("rb") as raw:
                 digest = hashlib.file_digest(raw, "sha256")
         except UNREADABLE as exc:
@@ -325,7 +337,7 @@ def _released(lock: Any) -> Iterator[None]:
 
 def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run: bool,
                 batch: int, show_progress: bool, spread: bool = False,
-                record_only: bool = False) -> ImportReport:
+                record_only: bool = False, complete: bool = False) -> ImportReport:
     book = _price_book(ctx)
     missing = missing_prices(book)
     if missing and not dry_run and not record_only:
@@ -337,7 +349,7 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
     bar, advance = _progress([str(file) for file in files], show_progress)
     # One converter for every part of an export: rows of one identity in different parts are
     # distinct charges, numbered across the parts as within one file.
-    check_parts(files, basis, spread)
+    check_parts(files, basis, spread, complete)
     settings = settings_of(ctx)
     ledger, unread = _row_memory(settings, dry_run)
     lock = None if ledger is None or dry_run else ledger.lock()
@@ -349,20 +361,23 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
     with bar, (nullcontext() if lock is None else _released(lock)), \
             (usage_stream(ctx, sent, batch) if sending else nullcontext(None)) as stream:
         delivery: Chunks = Recording(tally, basis, ledger) if record_only and ledger else \
-            Delivery(tally, basis, stream, ledger, sent)
+            Delivery(tally, basis, stream, ledger, sent, complete)
         for file in files:
             try:
                 with open_focus(file) as (source, raw):
-                    convert_file(source, raw, converter, delivery, advance)
+                    convert_file(source, raw, converter, delivery, advance, complete)
             except UNREADABLE as exc:
                 done = f"; {tally.events:,} events were sent before" \
                     if tally.events and not dry_run else ""
                 raise FileFailed(file, ValueError(
                     f"{exc}{done}: mend it and import all the files again (what was sent "
                     "counts once)")) from exc
+        # Only once every file was read whole: a file that failed withdraws nothing.
+        if complete and isinstance(delivery, Delivery):
+            delivery.withdraw(converter.scopes, converter.skipped_ids)
     return ImportReport([str(file) for file in files], basis, book.currency, dry_run, tally, sent,
                         dict(converter.warnings), time.perf_counter() - began, sorted(missing),
-                        spread, unread, record_only)
+                        spread, unread, record_only, complete)
 
 
 def _row_memory(settings: Any, dry_run: bool) -> tuple[RowLedger | None, str | None]:
@@ -398,6 +413,10 @@ def focus(
     record_only: bool = typer.Option(
         False, "--record-only", help="Record every row as counted, send nothing: for an export "
         "an import counted before the row memory existed (docs/FOCUS.md, upgrading)."),
+    complete: bool = typer.Option(
+        False, "--complete", help="The files are the whole export of their billing periods: "
+        "withdraw what an earlier import counted for a row of the same provider, account and "
+        "period that they no longer hold (docs/FOCUS.md)."),
     batch: int = typer.Option(DEFAULT_BATCH, min=1, max=MAX_BATCH, help="Events per message."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
@@ -419,9 +438,13 @@ def focus(
         _err.print("[bold red]costline import:[/] --record-only writes the row memory and a dry "
                    "run writes nothing: give one of them")
         raise typer.Exit(2)
+    if complete and record_only:
+        _err.print("[bold red]costline import:[/] --record-only sends nothing, so it withdraws "
+                   "nothing: give one of --record-only and --complete")
+        raise typer.Exit(2)
     try:
         report = _run_import(ctx, files, cost, dry_run, batch,
-                             _err.is_terminal and not as_json, spread, record_only)
+                             _err.is_terminal and not as_json, spread, record_only, complete)
     except FileFailed as exc:
         _err.print(f"[bold red]costline import:[/] {exc}")
         raise typer.Exit(2) from exc

@@ -348,6 +348,45 @@ def test_an_export_counted_before_the_row_memory_is_recorded_and_not_sent_again(
     assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 9_000_000
 
 
+def test_a_complete_export_withdraws_the_rows_it_no_longer_holds(
+    bills: Any, tmp_path: Path,
+) -> None:
+    """A restated month drops a row: ``--complete`` withdraws what it counted (other billing
+    periods untouched), a dry run says so first, and the row counts again if it comes back."""
+    bill = bills()
+    august = ["--period", "month", "--at", "2024-08-20T00:00:00Z"]
+    rows = [
+        {**_row("2024-08-10 10:00:00", "10", currency="USD"), "BillingPeriodStart": "2024-08-01"},
+        {**_row("2024-08-11 10:00:00", "4", currency="USD", service="Cloud Storage"),
+         "BillingPeriodStart": "2024-08-01"},
+        {**_row("2024-08-31 23:00:00", "3", currency="USD", service="BigQuery"),
+         "BillingPeriodStart": "2024-09-01"},  # a late charge, on September's bill
+    ]
+    bill.import_focus(_file(tmp_path / "first.csv", rows), "--complete")
+    assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 17_000_000
+
+    restated = _file(tmp_path / "restated.csv", rows[:1])  # August's bill, without storage
+    preview = cli_json(bill.env, "import", "focus", str(restated), "--complete", "--dry-run")
+    assert (preview["rows_withdrawn"], preview["withdrawn_total"], preview["sent_events"]) == (
+        1, "-4.000000", 0)
+    assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 17_000_000
+    done = bill.import_focus(restated, "--complete")
+    assert (done["complete"], done["rows_unchanged"], done["rows_withdrawn"],
+            done["sent_events"]) == (True, 1, 1, 1)
+    by_service = bill.spend("service", *august)
+    assert {name: row["cost"] for name, row in by_service.items()} == {
+        "Compute Engine": 10_000_000, "Cloud Storage": 0, "BigQuery": 3_000_000}
+    assert bill.import_focus(restated, "--complete")["rows_withdrawn"] == 0
+
+    back = bill.import_focus(_file(tmp_path / "back.csv", rows[:2]), "--complete")
+    assert (back["rows_revised"], back["rows_withdrawn"]) == (1, 0)
+    assert bill.spend("provider", *august)["Google Cloud"]["cost"] == 17_000_000
+
+    plain = _file(tmp_path / "plain.csv", [_row("2024-08-12 10:00:00", "1", currency="USD")])
+    refused = run_cli(bill.env, "import", "focus", str(plain), "--complete")
+    assert refused.returncode == 2 and "BillingPeriodStart" in refused.stderr
+
+
 # -- out ----------------------------------------------------------------------------------------
 
 

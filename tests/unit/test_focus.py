@@ -598,6 +598,14 @@ def test_a_record_only_dry_run_is_refused(tmp_path: Path) -> None:
     assert "give one of them" in result.output
 
 
+def test_record_only_with_complete_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "one.csv"
+    path.write_text(csv_text([row(BillingPeriodStart="2024-09-01 00:00:00")]))
+    result = cli("import", "focus", str(path), "--complete", "--record-only")
+    assert result.exit_code == 2
+    assert "withdraws nothing" in result.output
+
+
 @needs_sample
 def test_dry_run_reports_without_kafka() -> None:
     result = cli("import", "focus", str(SAMPLE), "--dry-run", "--json")

@@ -98,16 +98,32 @@ def test_a_spread_rows_difference_is_spread_over_its_hours() -> None:
 
 
 class Memory:
-    """The row memory, as a dict."""
+    """The row memory, as dicts: states by row, attributions by scope and row."""
 
     def __init__(self) -> None:
         self.held: dict[tuple[str, str], RowState] = {}
+        self.named: dict[str, dict[tuple[str, str], str]] = {}
+        self.shaped: dict[str, dict[str, str]] = {}
 
     def states(self, rows: list[tuple[str, str]]) -> list[RowState | None]:
         return [self.held.get(key) for key in rows]
 
     def write(self, states: Any) -> None:
         self.held.update(dict(states))
+
+    def attribute(self, rows: Any) -> None:
+        for scope, key, named in rows:
+            self.named.setdefault(scope, {})[key] = named.text
+            self.shaped.setdefault(scope, {})[named.shape_id] = named.shape
+
+    def shapes(self, scope: str, shape_ids: list[str]) -> dict[str, str]:
+        return {i: self.shaped[scope][i] for i in shape_ids}
+
+    def scope_rows(self, scope: str) -> list[tuple[str, str]]:
+        return list(self.named.get(scope, {}))
+
+    def attributions(self, scope: str, rows: list[tuple[str, str]]) -> list[str | None]:
+        return [self.named.get(scope, {}).get(row) for row in rows]
 
 
 class Kafka:

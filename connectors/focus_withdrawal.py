@@ -1,0 +1,85 @@
+"""Withdrawing bill rows a later export no longer holds (``costline import focus --complete``).
+
+Providers restate a billing period until it closes, and a restatement may drop a row: a
+charge taken back without a credit line, a line regrouped under another SKU or description,
+a split line fewer. Its identity is gone, so no later row revises it (``focus_revision``), and
+what an import counted for it would stay counted for good.
+
+An import told that its files are the whole export of their billing periods (``--complete``)
+takes every row the memory names under the same provider, billing account and billing period
+(``focus.billing_scope``) that the files do not hold, and withdraws it: the row's next
+revision takes its amount to zero, an ``adjustment`` of minus what was counted, at the row's
+own time and tags (spread over its hours when it was spread), written ahead as every revision
+is. Should the row come back in a later export it is counted again from zero.
+
+A row the files hold but skip (a bad cost, a currency without a rate, an open charge) is not
+missing. A row the memory names without an attribution cannot be rebuilt and is left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from costline.connectors.focus import Converted, parse_time, rfc3339
+from costline.rules.events import UsageEvent
+
+HOUR = timedelta(hours=1)
+# What most rows of an export share (tags, service, category, unit, charge): kept once per
+# scope as a shape, so a row's attribution is its hours, time, shape and resource.
+_OWN = {"event_id", "ts", "resource_id", "cost", "quantity"}
+
+Row = tuple[str, str]  # (month YYYY-MM, row id), as in focus_ledger
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """What the memory keeps to rebuild a row: ``text`` under the row, ``shape`` (JSON)
+    under its digest ``shape_id``, both in the row's scope."""
+
+    text: str
+    shape_id: str
+    shape: str
+
+
+def attribution(row: Converted) -> Attribution:
+    event = row.event
+    shape = event.model_dump_json(exclude_none=True, exclude=_OWN)
+    shape_id = hashlib.blake2b(shape.encode(), digest_size=8).hexdigest()
+    return Attribution(f"{len(row.pieces)}\t{event.ts}\t{shape_id}\t{event.resource_id}",
+                       shape_id, shape)
+
+
+def shape_of(text: str) -> str:
+    """The shape id an attribution's text names."""
+    return text.split("\t", 3)[2]
+
+
+def rebuilt(row_id: str, text: str, shapes: Mapping[str, str], scope: str) -> Converted:
+    """The row ``attribution`` kept, as an export holding it at zero would convert it: its
+    event and, when spread, one piece per hour under the same ids."""
+    hours, ts, shape_id, resource_id = text.split("\t", 3)
+    event = UsageEvent.model_validate_json(json.dumps({
+        **json.loads(shapes[shape_id]), "event_id": row_id, "ts": ts,
+        "resource_id": resource_id, "cost": 0.0, "quantity": 0.0}))
+    start = parse_time(ts)
+    pieces = tuple(
+        event.model_copy(update={"event_id": f"{row_id}/{index}",
+                                 "ts": rfc3339(start + index * HOUR)})
+        for index in range(int(hours))
+    )
+    return Converted(event, 0, pieces, scope)
+
+
+def missing(named: Iterable[Row], held: set[Row], skipped_ids: set[str]) -> list[Row]:
+    """The rows named under a scope that the files neither hold nor skipped, in order."""
+    return sorted(row for row in named
+                  if row not in held and _digest(row[1]) not in skipped_ids)
+
+
+def _digest(row_id: str) -> str:
+    """``focus:<digest>`` or ``focus:<digest>:<n>`` → the digest."""
+    return row_id.split(":")[1] if row_id.count(":") >= 1 else row_id

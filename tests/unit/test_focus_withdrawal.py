@@ -1,0 +1,170 @@
+"""``costline import focus --complete``: a row an earlier import counted that a later export
+of the same billing period no longer holds is withdrawn, once, at its own time and tags, and
+nothing else is: not another provider's, account's or period's rows, not a row the export
+holds but skips, not a row counted on the other cost basis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from costline.connectors.focus import Converted, CostBasis, FocusConverter, billing_scope
+from costline.connectors.focus_revision import RowState
+from costline.connectors.focus_tally import ImportTally
+from costline.connectors.focus_withdrawal import attribution, missing, rebuilt
+from costline.rules.events import ChargeKind
+from costline.streams.cli.focus_delivery import Delivery, row_key
+from costline.streams.cli.produce_cmd import Summary
+from tests.unit.test_focus import NOW, row
+from tests.unit.test_focus_revision import Kafka, Memory, micro_of
+
+SEPTEMBER = "2024-09-01 00:00:00"
+
+
+def bill_row(resource: str, cost: str, **cells: str) -> dict[str, str | None]:
+    return row(**{"ResourceId": resource, "EffectiveCost": cost,
+                  "BillingPeriodStart": SEPTEMBER, **cells})
+
+
+class Account:
+    """A namespace's row memory and a worker that counts each id once."""
+
+    def __init__(self) -> None:
+        self.memory, self.summary = Memory(), Summary()
+        self.kafka = Kafka(self.summary)
+
+    def import_(self, rows: list[dict[str, str | None]], *, complete: bool = True,
+                down: bool = False, dry_run: bool = False, spread: bool = False,
+                basis: CostBasis = CostBasis.effective) -> ImportTally:
+        self.kafka.down, tally = down, ImportTally()
+        converter = FocusConverter(basis, "USD", now=NOW, spread=spread)
+        delivery = Delivery(tally, basis, None if dry_run else self.kafka,  # type: ignore[arg-type]
+                            self.memory, self.summary, complete)  # type: ignore[arg-type]
+        for cells in rows:
+            outcome = converter.convert(cells)
+            if isinstance(outcome, Converted):
+                delivery.add(outcome)
+            else:
+                tally.count(outcome)
+        delivery.flush()
+        if complete:
+            delivery.withdraw(converter.scopes, converter.skipped_ids)
+        return tally
+
+    @property
+    def total(self) -> int:
+        return sum(self.kafka.counted.values())
+
+
+def test_a_row_missing_from_a_later_export_is_withdrawn_once_and_counted_if_it_returns(
+) -> None:
+    account = Account()
+    # Counted by a plain import: rows counted anew are named under their export all the same.
+    account.import_([bill_row("i-1", "10"), bill_row("i-2", "4.5"), bill_row("i-3", "-1")],
+                    complete=False)
+    assert account.total == 13_500_000
+
+    later = [bill_row("i-1", "10"), bill_row("i-3", "-1")]
+    tally = account.import_(later)
+    assert (tally.rows, tally.unchanged_rows, tally.withdrawn_rows, tally.withdrawn_micro) == (
+        2, 2, 1, -4_500_000)
+    assert (tally.events, tally.cost_micro, dict(tally.by_charge)) == (
+        1, -4_500_000, {"adjustment": -4_500_000})
+    assert account.total == 9_000_000
+    gone = FocusConverter(CostBasis.effective, "USD", now=NOW).convert(bill_row("i-2", "4.5"))
+    assert isinstance(gone, Converted)
+    withdrawal = account.kafka.counted[f"{gone.event.event_id}:r1"]
+    assert withdrawal == -4_500_000
+
+    again = account.import_(later)  # withdrawn already: nothing more
+    assert (again.withdrawn_rows, again.events, account.total) == (0, 0, 9_000_000)
+    back = account.import_([*later, bill_row("i-2", "7")])
+    assert (back.revised_rows, back.withdrawn_rows, account.total) == (1, 0, 16_000_000)
+
+
+def test_the_withdrawal_is_at_the_rows_own_time_and_tags() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10"), bill_row("i-2", "2", Tags='{"team": "eval"}',
+                                                   ChargePeriodStart="2024-09-20 05:00:00")])
+    flight: list[Any] = []
+    account.kafka.emit = flight.append  # type: ignore[method-assign]
+    account.import_([bill_row("i-1", "10")])
+    [event] = flight
+    assert (event.ts, event.tags["team"], event.charge, micro_of(event)) == (
+        "2024-09-20T05:00:00Z", "eval", ChargeKind.adjustment, -2_000_000)
+
+
+def test_other_scopes_skipped_rows_and_rows_without_a_billing_period_stay() -> None:
+    account = Account()
+    late = bill_row("i-late", "3", BillingPeriodStart="2024-10-01 00:00:00")  # a later bill's
+    other = bill_row("i-9", "5", BillingAccountId="888")
+    loose = row(ResourceId="i-loose", EffectiveCost="6")  # no billing period: never named
+    kept = bill_row("i-2", "4")
+    account.import_([bill_row("i-1", "10"), kept, late, other, loose])
+    assert account.total == 28_000_000
+    # The same export, i-2 now with a cost that cannot be read: held by the file, not missing.
+    tally = account.import_([bill_row("i-1", "10"), {**kept, "EffectiveCost": "n/a"}])
+    assert (tally.withdrawn_rows, tally.invalid_rows, account.total) == (0, 1, 28_000_000)
+    # Without --complete nothing is withdrawn.
+    assert account.import_([bill_row("i-1", "10")], complete=False).withdrawn_rows == 0
+    assert account.import_([bill_row("i-1", "10")]).withdrawn_rows == 1
+    assert account.total == 24_000_000  # i-2 alone: September's other accounts and October stay
+
+
+def test_a_row_counted_on_the_other_basis_is_left_as_it_was_counted() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10"), bill_row("i-2", "4")], basis=CostBasis.billed)
+    tally = account.import_([bill_row("i-1", "10")])
+    assert (tally.withdrawn_rows, tally.events) == (0, 0)
+
+
+def test_a_spread_row_is_withdrawn_over_the_hours_it_was_spread_over() -> None:
+    account = Account()
+    fee = bill_row("support", "24.000001", ChargePeriodStart="2024-09-18 00:00:00",
+                   ChargePeriodEnd="2024-09-19 00:00:00", ChargeFrequency="Recurring")
+    account.import_([bill_row("i-1", "10"), fee], spread=True)
+    counted = dict(account.kafka.counted)
+    tally = account.import_([bill_row("i-1", "10")], spread=True)
+    assert (tally.withdrawn_rows, tally.events) == (1, 24)
+    sent = {k: v for k, v in account.kafka.counted.items() if k not in counted}
+    pieces = {k.rsplit(":r1/", 1)[1]: v for k, v in sent.items()}
+    assert sorted(int(k) for k in pieces) == list(range(24))
+    assert sum(pieces.values()) == -24_000_001 and account.total == 10_000_000
+
+
+def test_a_withdrawal_kafka_did_not_take_goes_again_as_it_was() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10"), bill_row("i-2", "4")])
+    failed = account.import_([bill_row("i-1", "10")], down=True)
+    assert (failed.withdrawn_rows, account.total) == (1, 14_000_000)  # set out, not taken
+    tally = account.import_([bill_row("i-1", "10")])
+    assert (tally.resent_rows, tally.withdrawn_rows, account.total) == (1, 0, 10_000_000)
+
+
+def test_a_dry_run_tallies_the_withdrawal_and_changes_nothing() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10"), bill_row("i-2", "4")])
+    held, named = dict(account.memory.held), dict(account.memory.named)
+    tally = account.import_([bill_row("i-1", "10")], dry_run=True)
+    assert (tally.withdrawn_rows, tally.withdrawn_micro) == (1, -4_000_000)
+    assert (account.memory.held, account.memory.named, account.total) == (held, named,
+                                                                         14_000_000)
+
+
+def test_an_attribution_rebuilds_the_row_at_zero() -> None:
+    converter = FocusConverter(CostBasis.effective, "USD", now=NOW, spread=True)
+    outcome = converter.convert(bill_row("fee", "5", ChargePeriodStart="2024-09-18 00:00:00",
+                                         ChargePeriodEnd="2024-09-18 03:00:00"))
+    assert isinstance(outcome, Converted) and outcome.scope == billing_scope(
+        {"ProviderName": "AWS", "BillingAccountId": "999", "BillingPeriodStart": SEPTEMBER})
+    named = attribution(outcome)
+    again = rebuilt(outcome.event.event_id, named.text, {named.shape_id: named.shape},
+                    outcome.scope)
+    assert again.micro == 0 and row_key(again) == row_key(outcome)
+    assert [(e.event_id, e.ts, e.tags) for e in again.events] == \
+        [(e.event_id, e.ts, e.tags) for e in outcome.events]
+
+
+def test_missing_names_what_is_neither_held_nor_skipped() -> None:
+    named = [("2024-09", "focus:aa"), ("2024-09", "focus:bb:2"), ("2024-09", "focus:cc")]
+    assert missing(named, {("2024-09", "focus:aa")}, {"bb"}) == [("2024-09", "focus:cc")]
+    assert RowState("effective", 0, 1).encode() == "effective:0:1:"
