@@ -129,6 +129,11 @@ class Enforcement:
         plan = self.plan
         return max(plan.execute_at, (self.warned_at or plan.planned_at) + plan.grace)
 
+    def due_with(self, grace: int) -> float:
+        """``due_at`` under the rule's grace now: a grace lengthened since the plan was made
+        applies to it, a shortened one does not (the owners were told the later time)."""
+        return max(self.due_at, (self.warned_at or self.plan.planned_at) + grace)
+
 
 @dataclass(frozen=True)
 class EnforceRecord:
@@ -299,8 +304,10 @@ def verdict(tracked: Enforcement, rule: BudgetRule | None, finding: Finding | No
     evaluated since the worker started: without an evaluation the answer is "not yet".
     """
     plan = tracked.plan
-    if now < tracked.due_at:
-        return Hold(f"grace runs until {rfc3339(tracked.due_at)}")
+    due = tracked.due_at if rule is None or rule.enforce is None else \
+        tracked.due_with(rule.enforce.grace)
+    if now < due:
+        return Hold(f"grace runs until {rfc3339(due)}")
     refused = refusal(rule, plan.group, paused=paused, keep=keep, now=now)
     if refused is not None:
         return Skip(refused)

@@ -125,6 +125,11 @@ class Tracked:
         plan = self.plan
         return max(plan.execute_at, (self.warned_at or plan.planned_at) + plan.grace)
 
+    def due_with(self, grace: int) -> float:
+        """``due_at`` under the rule's grace now: a grace lengthened since the plan was made
+        applies to it, a shortened one does not (the owners were told the later time)."""
+        return max(self.due_at, (self.warned_at or self.plan.planned_at) + grace)
+
 
 @dataclass(frozen=True)
 class Keep:
@@ -293,8 +298,10 @@ def verdict(tracked: Tracked, rule: IdleRule | None, samples: ResourceSamples | 
             now: float, *, paused: bool, keep: Keep | None) -> Verdict:
     """Whether a plan whose grace may have ended is released now, later, or never."""
     plan = tracked.plan
-    if now < tracked.due_at:
-        return Hold(f"grace runs until {rfc3339(tracked.due_at)}")
+    due = tracked.due_at if rule is None or rule.reclaim is None else \
+        tracked.due_with(rule.reclaim.grace)
+    if now < due:
+        return Hold(f"grace runs until {rfc3339(due)}")
     if rule is None or rule.reclaim is None:
         return Skip(f"rule {plan.rule} no longer reclaims")
     if paused:

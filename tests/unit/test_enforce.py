@@ -183,6 +183,18 @@ def test_a_group_over_its_line_is_warned_then_enforced_after_the_grace() -> None
     assert record["automation"] == "enforce" and record["group"] == {"team": "pretrain"}
 
 
+def test_a_grace_lengthened_after_the_warning_is_waited_for() -> None:
+    world = World()
+    world.run(finding("pretrain", 120))
+    world.rules = load_rule_text(
+        RULES.replace("grace: 10m", "grace: 30m") % {"limit": 100, "extra": "", "mode": "live"},
+        plugins=PLUGINS)
+    world.run(finding("pretrain", 125), at=T0 + 10 * MIN)
+    assert world.slurm.applied == []  # the rule's grace now runs until 08:30
+    world.run(finding("pretrain", 125), at=T0 + 30 * MIN)
+    assert world.slurm.applied == ["pretrain"]
+
+
 def test_the_period_rolling_over_lifts_and_restores_the_value_before() -> None:
     world = World()
     world.run(finding("pretrain", 120))

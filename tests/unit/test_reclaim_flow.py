@@ -124,6 +124,26 @@ def test_nothing_happens_before_the_grace_ends() -> None:
     assert found == Hold("grace runs until 2026-11-30T08:45:00Z")
 
 
+def test_a_grace_lengthened_since_the_plan_applies_and_a_shortened_one_does_not() -> None:
+    """The owners were told 08:45: a rule whose grace became 45m waits until 09:15, one whose
+    grace became 5m still waits until 08:45."""
+    fresh = samples([0.01] * 76)  # 08:00 … 09:15
+
+    def with_grace(grace: str) -> IdleRule:
+        found = load_rule_text(RULE.replace("grace: 15m", f"grace: {grace}") % "",
+                               plugins=PLUGINS).get("gpu-idle")
+        assert isinstance(found, IdleRule)
+        return found
+
+    longer = with_grace("45m")
+    assert verdict(tracked(), longer, fresh, DUE, paused=False, keep=None) == \
+        Hold("grace runs until 2026-11-30T09:15:00Z")
+    assert verdict(tracked(), longer, fresh, PLANNED_AT + 45 * MIN, paused=False,
+                   keep=None) == Go()
+    assert verdict(tracked(), with_grace("5m"), fresh, DUE - 1, paused=False, keep=None) == \
+        Hold("grace runs until 2026-11-30T08:45:00Z")
+
+
 def test_missing_samples_count_as_busy() -> None:
     found = verdict(tracked(), idle_rule(), None, DUE, paused=False, keep=None)
     assert found == Skip("no fresh gpu_util samples: unknown counts as busy")
