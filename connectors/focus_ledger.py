@@ -70,13 +70,7 @@ class RowLedger:
         by_key: dict[str, dict[str, str]] = {}
         for row, state in states:
             by_key.setdefault(rows_key(self.namespace, row), {})[row[1]] = state.encode()
-        if not by_key:
-            return
-        with self.redis.pipeline(transaction=False) as pipe:
-            for key, fields in by_key.items():
-                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-                pipe.expire(key, KEEP_S)
-            pipe.execute()
+        self._set(by_key)
 
     def attribute(self, rows: Iterable[tuple[str, Row, Attribution]]) -> None:
         """Name rows under their scopes: (scope, row, attribution)."""
@@ -86,6 +80,10 @@ class RowLedger:
                 f"{month}\t{row_id}"] = named.text
             by_key.setdefault(shapes_key(self.namespace, scope), {})[named.shape_id] = \
                 named.shape
+        self._set(by_key)
+
+    def _set(self, by_key: dict[str, dict[str, str]]) -> None:
+        """Every key's fields, each key kept ``KEEP_S`` from now: one round trip."""
         if not by_key:
             return
         with self.redis.pipeline(transaction=False) as pipe:
