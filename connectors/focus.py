@@ -20,23 +20,18 @@ below in a table.
 
 from __future__ import annotations
 
-import csv
-import gzip
 import hashlib
-import io
 import json
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from functools import lru_cache
-from pathlib import Path
-from typing import IO, cast
 
 from costline.connectors.focus_spread import hours_of, split_micro
 from costline.connectors.focus_vocabulary import (
@@ -78,11 +73,6 @@ IDENTITY_COLUMNS: tuple[str, ...] = (
     "CommitmentDiscountStatus",
 )
 _TIME_INDEXES = tuple(IDENTITY_COLUMNS.index(c) for c in ("ChargePeriodStart", "ChargePeriodEnd"))
-REQUIRED_COLUMNS = ("ChargePeriodStart", "ServiceCategory", "BillingCurrency")
-
-
-class FocusFormatError(ValueError):
-    """The file is not a FOCUS export costline can read (the message says why)."""
 
 
 class SkipReason(StrEnum):
@@ -286,6 +276,12 @@ def billing_scope(row: Mapping[str, str]) -> str:
     return _scope(row.get("ProviderName", ""), row.get("BillingAccountId", ""), start)
 
 
+def scope_label(row: Mapping[str, str]) -> str:
+    """A scope for people: ``AWS account 1234 period 2024-09-01T00:00:00Z``."""
+    return (f"{row.get('ProviderName') or '-'} account {row.get('BillingAccountId') or '-'} "
+            f"period {canonical_time(row.get('BillingPeriodStart') or '')}")
+
+
 @lru_cache(maxsize=1024)
 def _scope(provider: str, account: str, start: str) -> str:
     text = "\x1f".join((provider, account, canonical_time(start)))
@@ -327,15 +323,15 @@ class FocusConverter:
     warnings: Counter[str] = field(default_factory=Counter)
     # The scopes of every row read, and the identities of the rows skipped: a row the file
     # holds, counted or not, is never withdrawn as missing from it.
-    scopes: set[str] = field(default_factory=set)
+    scopes: dict[str, str] = field(default_factory=dict)  # scope → ``scope_label``
     skipped_ids: set[str] = field(default_factory=set)
     _seen: Counter[str] = field(default_factory=Counter)
 
     def convert(self, raw: Row) -> Converted | Skipped:
         row = without_nulls(raw)
         scope = billing_scope(row)
-        if scope:
-            self.scopes.add(scope)
+        if scope and scope not in self.scopes:
+            self.scopes[scope] = scope_label(row)
         outcome = self._convert(row, scope)
         if isinstance(outcome, Skipped):
             self.skipped_ids.add(identity_digest(row))
@@ -462,38 +458,3 @@ class FocusConverter:
             self.warnings["bad_tags"] += 1
             return {}
         return found
-
-
-# -- the file -------------------------------------------------------------------------------
-
-
-@contextmanager
-def open_focus(path: Path) -> Iterator[tuple[IO[str], IO[bytes]]]:
-    """The CSV as text (gzip recognised by its magic bytes, a BOM dropped) and the raw file,
-    whose position tells how far the import got."""
-    with path.open("rb") as raw:
-        compressed = raw.read(2) == b"\x1f\x8b"
-        raw.seek(0)
-        binary: IO[bytes] = raw
-        if compressed:
-            binary = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
-        text = io.TextIOWrapper(binary, encoding="utf-8-sig", newline="")
-        try:
-            yield text, raw
-        finally:
-            text.close()
-
-
-def read_rows(text: IO[str], basis: CostBasis, spread: bool = False, complete: bool = False
-              ) -> Iterator[dict[str, str | None]]:
-    """The rows of a FOCUS CSV; refuses a file without the columns an event needs (and the
-    billing period, for ``--complete``)."""
-    reader = csv.DictReader(text)
-    header = set(reader.fieldnames or ())
-    needed = (*REQUIRED_COLUMNS, basis.column, *(["ChargePeriodEnd"] if spread else []))
-    missing = [c for c in needed if c not in header]
-    if missing:
-        raise FocusFormatError(f"not a FOCUS export: no column {', '.join(missing)}")
-    if complete and "BillingPeriodStart" not in header:
-        raise FocusFormatError("no column BillingPeriodStart: --complete needs the period")
-    yield from reader

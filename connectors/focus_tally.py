@@ -27,6 +27,8 @@ class ImportTally:
     recorded_rows: int = 0  # --record-only: recorded as counted by an earlier import
     withdrawn_rows: int = 0  # --complete: counted before, missing from the export: reversed
     withdrawn_micro: int = 0  # what withdrawing them sent (minus what they had counted)
+    # exports whose missing rows were too many to withdraw: (label, missing, named)
+    withdrawals_refused: list[tuple[str, int, int]] = field(default_factory=list)
     events: int = 0
     cost_micro: int = 0
     credits_micro: int = 0
@@ -96,6 +98,8 @@ class ImportTally:
             "rows_recorded": self.recorded_rows,
             "rows_withdrawn": self.withdrawn_rows,
             "withdrawn_total": format_micro(self.withdrawn_micro),
+            "withdrawals_refused": [{"export": label, "missing_rows": gone, "named_rows": named}
+                                    for label, gone, named in self.withdrawals_refused],
             "events": self.events,
             "cost_total": format_micro(self.cost_micro),
             "gross_total": format_micro(self.cost_micro + self.credits_micro),

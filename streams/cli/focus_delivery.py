@@ -7,7 +7,7 @@ delivery then withdraws the rows its exports no longer hold."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from costline.connectors.focus import Converted, CostBasis
@@ -84,14 +84,20 @@ class Delivery(Chunks):
             self.ledger.attribute((row.scope, key, attribution(row))
                                   for row, key in rows if row.scope)
 
-    def withdraw(self, scopes: set[str], skipped_ids: set[str]) -> None:
-        """``--complete``: withdraw every row named under ``scopes`` that no chunk held (nor
-        the files skipped), a chunk at a time, written ahead as any step is. A dry run that
-        read the memory tallies what it would withdraw."""
+    def withdraw(self, scopes: Mapping[str, str], skipped_ids: set[str],
+                 max_share: float = 1.0) -> None:
+        """``--complete``: withdraw every row named under ``scopes`` (scope → label) that no
+        chunk held (nor the files skipped), a chunk at a time, written ahead as any step is.
+        A scope missing more than ``max_share`` of its named rows withdraws none: files cut
+        short look like that. A dry run that read the memory tallies what it would do."""
         if self.ledger is None:
             return
-        for scope in sorted(scopes):
-            gone = missing(self.ledger.scope_rows(scope), self.held, skipped_ids)
+        for scope, label in sorted(scopes.items()):
+            named = self.ledger.scope_rows(scope)
+            gone = missing(named, self.held, skipped_ids)
+            if len(gone) > max_share * len(named):
+                self.tally.withdrawals_refused.append((label, len(gone), len(named)))
+                continue
             for start in range(0, len(gone), CHUNK_ROWS):
                 keys = gone[start:start + CHUNK_ROWS]
                 kept = [(key, text) for key, text in

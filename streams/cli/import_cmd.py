@@ -29,12 +29,10 @@ from costline.connectors.focus import (
     Converted,
     CostBasis,
     FocusConverter,
-    FocusFormatError,
     missing_prices,
-    open_focus,
     price_book_lines,
-    read_rows,
 )
+from costline.connectors.focus_file import FocusFormatError, open_focus, read_rows
 from costline.connectors.focus_ledger import LOCK_S, RowLedger
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.kafka import partition_of
@@ -202,6 +200,7 @@ class ImportReport:
     memory_unread: str | None = None  # why a dry run did not read the row memory
     record_only: bool = False
     complete: bool = False
+    max_withdraw: float = 100.0  # percent of an export's rows --complete may withdraw
 
     def as_dict(self) -> dict[str, Any]:
         sent = self.sent.as_dict()
@@ -265,8 +264,12 @@ class ImportReport:
             typer.echo(f"  {verb} {_count(tally.withdrawn_rows, 'row')} counted before and "
                        f"missing from this export of their billing period: "
                        f"{money(tally.withdrawn_micro)} as adjustments")
-        elif self.complete and not self.record_only:
+        elif self.complete and not tally.withdrawals_refused:
             typer.echo("  no row counted before is missing from this export")
+        for label, gone, named in tally.withdrawals_refused:
+            typer.echo(f"  NOT withdrawn: {gone:,} of the {named:,} rows of {label} are missing, "
+                       f"more than {self.max_withdraw:g}%: the files may be cut short. Check "
+                       "them; to withdraw the rows all the same, give --max-withdraw-percent 100")
         if tally.resent_rows:
             verb = "would be sent" if self.dry_run else "sent"
             typer.echo(f"  {_count(tally.resent_rows, 'row')} an earlier import left "
@@ -337,7 +340,8 @@ def _released(lock: Any) -> Iterator[None]:
 
 def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run: bool,
                 batch: int, show_progress: bool, spread: bool = False,
-                record_only: bool = False, complete: bool = False) -> ImportReport:
+                record_only: bool = False, complete: bool = False,
+                max_withdraw: float = 100.0) -> ImportReport:
     book = _price_book(ctx)
     missing = missing_prices(book)
     if missing and not dry_run and not record_only:
@@ -374,10 +378,10 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
                     "counts once)")) from exc
         # Only once every file was read whole: a file that failed withdraws nothing.
         if complete and isinstance(delivery, Delivery):
-            delivery.withdraw(converter.scopes, converter.skipped_ids)
+            delivery.withdraw(converter.scopes, converter.skipped_ids, max_withdraw / 100)
     return ImportReport([str(file) for file in files], basis, book.currency, dry_run, tally, sent,
                         dict(converter.warnings), time.perf_counter() - began, sorted(missing),
-                        spread, unread, record_only, complete)
+                        spread, unread, record_only, complete, max_withdraw)
 
 
 def _row_memory(settings: Any, dry_run: bool) -> tuple[RowLedger | None, str | None]:
@@ -417,6 +421,9 @@ def focus(
         False, "--complete", help="The files are the whole export of their billing periods: "
         "withdraw what an earlier import counted for a row of the same provider, account and "
         "period that they no longer hold (docs/FOCUS.md)."),
+    max_withdraw: float = typer.Option(
+        10.0, "--max-withdraw-percent", min=0.0, max=100.0, help="With --complete, withdraw "
+        "nothing of an export missing more than this share of its rows (a file cut short)."),
     batch: int = typer.Option(DEFAULT_BATCH, min=1, max=MAX_BATCH, help="Events per message."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
@@ -428,7 +435,8 @@ def focus(
     converted with the price book's rates. Only rows that cannot be counted are skipped (NULL
     or non-numeric cost, a bad time, a currency without a rate): reported with their count and
     total. A usage-based charge whose period is not over is held until a later import. Exit
-    code 1 when rows were skipped (held ones aside), 2 when Kafka did not take every event.
+    code 1 when rows were skipped (held ones aside) or an export's missing rows were too many
+    to withdraw, 2 when Kafka did not take every event.
     """
     for file in files:
         if not file.is_file():
@@ -444,7 +452,8 @@ def focus(
         raise typer.Exit(2)
     try:
         report = _run_import(ctx, files, cost, dry_run, batch,
-                             _err.is_terminal and not as_json, spread, record_only, complete)
+                             _err.is_terminal and not as_json, spread, record_only, complete,
+                             max_withdraw)
     except FileFailed as exc:
         _err.print(f"[bold red]costline import:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -454,7 +463,7 @@ def focus(
         report.print()
     if report.sent.failed_messages:
         raise typer.Exit(2)
-    if report.tally.invalid_rows:
+    if report.tally.invalid_rows or report.tally.withdrawals_refused:
         raise typer.Exit(1)
 
 

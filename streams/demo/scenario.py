@@ -224,7 +224,8 @@ def _run_42(s: Scenario, root: Path) -> None:
 def _cloud_bill(s: Scenario) -> None:
     """The FOCUS sample bill (real, anonymised) as the cloud spend around the cluster; its
     charge dates are moved into the scenario's window, its amounts kept."""
-    from costline.connectors.focus import CostBasis, FocusConverter, open_focus, read_rows
+    from costline.connectors.focus import CostBasis, FocusConverter
+    from costline.connectors.focus_file import open_focus, read_rows
 
     converter = FocusConverter(basis=CostBasis.effective, currency="USD", now=float("inf"))
     events = []

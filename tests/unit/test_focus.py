@@ -26,17 +26,15 @@ from costline.connectors.focus import (
     Converted,
     CostBasis,
     FocusConverter,
-    FocusFormatError,
     Skipped,
     SkipReason,
     focus_prices,
     merge_tags,
     missing_prices,
-    open_focus,
     price_book_lines,
-    read_rows,
     tag_key,
 )
+from costline.connectors.focus_file import FocusFormatError, open_focus, read_rows
 from costline.connectors.focus_spread import hours_of, split_micro
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.focus_vocabulary import charge_of

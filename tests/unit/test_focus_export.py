@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from costline.connectors.focus import Converted, CostBasis, FocusConverter, open_focus, read_rows
+from costline.connectors.focus import Converted, CostBasis, FocusConverter
 from costline.connectors.focus_export import (
     FOCUS_COLUMNS,
     MEASURES,
@@ -24,6 +24,7 @@ from costline.connectors.focus_export import (
     billing_period,
     hours_in,
 )
+from costline.connectors.focus_file import open_focus, read_rows
 from costline.rules.events import AnyEvent
 from costline.rules.memory_state import InMemoryState
 from costline.rules.prices import PriceBook

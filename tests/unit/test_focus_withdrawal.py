@@ -34,7 +34,7 @@ class Account:
 
     def import_(self, rows: list[dict[str, str | None]], *, complete: bool = True,
                 down: bool = False, dry_run: bool = False, spread: bool = False,
-                basis: CostBasis = CostBasis.effective) -> ImportTally:
+                basis: CostBasis = CostBasis.effective, max_share: float = 1.0) -> ImportTally:
         self.kafka.down, tally = down, ImportTally()
         converter = FocusConverter(basis, "USD", now=NOW, spread=spread)
         delivery = Delivery(tally, basis, None if dry_run else self.kafka,  # type: ignore[arg-type]
@@ -47,7 +47,7 @@ class Account:
                 tally.count(outcome)
         delivery.flush()
         if complete:
-            delivery.withdraw(converter.scopes, converter.skipped_ids)
+            delivery.withdraw(converter.scopes, converter.skipped_ids, max_share)
         return tally
 
     @property
@@ -168,3 +168,19 @@ def test_missing_names_what_is_neither_held_nor_skipped() -> None:
     named = [("2024-09", "focus:aa"), ("2024-09", "focus:bb:2"), ("2024-09", "focus:cc")]
     assert missing(named, {("2024-09", "focus:aa")}, {"bb"}) == [("2024-09", "focus:cc")]
     assert RowState("effective", 0, 1).encode() == "effective:0:1:"
+
+
+def test_an_export_missing_too_many_of_its_rows_withdraws_none_of_them() -> None:
+    """A file cut short looks like a restatement that dropped most rows."""
+    account = Account()
+    rows = [bill_row(f"i-{n}", "1") for n in range(10)]
+    account.import_(rows)
+    tally = account.import_(rows[:8], max_share=0.1)
+    assert tally.withdrawals_refused == [
+        ("AWS account 999 period 2024-09-01T00:00:00Z", 2, 10)]
+    assert (tally.withdrawn_rows, tally.as_dict()["withdrawals_refused"], account.total) == (
+        0, [{"export": "AWS account 999 period 2024-09-01T00:00:00Z", "missing_rows": 2,
+             "named_rows": 10}], 10_000_000)
+    assert account.import_(rows[:9], max_share=0.1).withdrawn_rows == 1  # one of ten: 10 %
+    assert account.import_(rows[:8], max_share=1.0).withdrawn_rows == 1  # the other one
+    assert account.total == 8_000_000
