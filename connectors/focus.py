@@ -332,9 +332,11 @@ class FocusConverter:
         scope = billing_scope(row)
         if scope and scope not in self.scopes:
             self.scopes[scope] = scope_label(row)
+        elif not scope and "BillingPeriodStart" in raw:  # the column, without a value
+            self.warnings["no_billing_period"] += 1
         outcome = self._convert(row, scope)
-        if isinstance(outcome, Skipped):
-            self.skipped_ids.add(identity_digest(row))
+        if isinstance(outcome, Skipped):  # a split line skipped keeps its number
+            self.skipped_ids.add(self._event_id(row))
         return outcome
 
     def _convert(self, row: Mapping[str, str], scope: str) -> Converted | Skipped:

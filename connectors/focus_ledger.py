@@ -72,15 +72,27 @@ class RowLedger:
             by_key.setdefault(rows_key(self.namespace, row), {})[row[1]] = state.encode()
         self._set(by_key)
 
-    def attribute(self, rows: Iterable[tuple[str, Row, Attribution]]) -> None:
-        """Name rows under their scopes: (scope, row, attribution)."""
-        by_key: dict[str, dict[str, str]] = {}
+    def attribute(self, rows: Iterable[tuple[str, Row, Attribution]],
+                  replace: bool = True) -> None:
+        """Name rows under their scopes: (scope, row, attribution); a row named before keeps
+        its attribution unless ``replace``."""
+        named_rows: dict[str, dict[str, str]] = {}
+        shapes: dict[str, dict[str, str]] = {}
         for scope, (month, row_id), named in rows:
-            by_key.setdefault(attribution_key(self.namespace, scope, row_id), {})[
+            named_rows.setdefault(attribution_key(self.namespace, scope, row_id), {})[
                 f"{month}\t{row_id}"] = named.text
-            by_key.setdefault(shapes_key(self.namespace, scope), {})[named.shape_id] = \
+            shapes.setdefault(shapes_key(self.namespace, scope), {})[named.shape_id] = \
                 named.shape
-        self._set(by_key)
+        if replace:
+            self._set({**named_rows, **shapes})
+            return
+        self._set(shapes)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key, fields in named_rows.items():
+                for field, value in fields.items():
+                    pipe.hsetnx(key, field, value)
+                pipe.expire(key, KEEP_S)
+            pipe.execute()
 
     def _set(self, by_key: dict[str, dict[str, str]]) -> None:
         """Every key's fields, each key kept ``KEEP_S`` from now: one round trip."""

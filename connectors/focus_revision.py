@@ -18,7 +18,7 @@ back and forth gets a new id each time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costline.connectors.focus import Converted
 from costline.connectors.focus_spread import split_micro
@@ -30,24 +30,31 @@ from costline.rules.prices import MICRO
 class RowState:
     """What the row memory holds of one bill row: on which cost basis it was counted, the
     amount Kafka acknowledged (``None`` before the row itself was), the revisions acknowledged,
-    and the amount an import set out to send and did not see acknowledged."""
+    the amount an import set out to send and did not see acknowledged, and the export (billing
+    scope) that last held it (``""``: none known)."""
 
     basis: str
     micro: int | None
     step: int = 0
     pending: int | None = None
+    scope: str = ""
 
     def encode(self) -> str:
-        return ":".join([self.basis, _text(self.micro), str(self.step), _text(self.pending)])
+        parts = [self.basis, _text(self.micro), str(self.step), _text(self.pending)]
+        return ":".join([*parts, self.scope] if self.scope else parts)
 
     @classmethod
     def decode(cls, text: str) -> RowState:
-        basis, micro, step, pending = text.split(":")
-        return cls(basis, _number(micro), int(step), _number(pending))
+        basis, micro, step, pending, *scope = text.split(":")
+        return cls(basis, _number(micro), int(step), _number(pending), "".join(scope))
 
     def sending(self, micro: int) -> RowState:
         """This state while ``micro`` is being sent."""
-        return RowState(self.basis, self.micro, self.step, micro)
+        return replace(self, pending=micro)
+
+    def held_by(self, scope: str) -> RowState:
+        """This state, the row last held by the export ``scope`` (kept when ``""``)."""
+        return replace(self, scope=scope or self.scope)
 
 
 def unfinished(row: Converted, state: RowState) -> tuple[Converted, RowState]:
@@ -56,10 +63,11 @@ def unfinished(row: Converted, state: RowState) -> tuple[Converted, RowState]:
     Kafka has it."""
     assert state.pending is not None
     if state.micro is None:
-        return _whole(row, state.pending), RowState(state.basis, state.pending)
+        return _whole(row, state.pending), RowState(state.basis, state.pending,
+                                                    scope=row.scope or state.scope)
     step = state.step + 1
     return (_revision(row, step, state.pending - state.micro),
-            RowState(state.basis, state.pending, step))
+            RowState(state.basis, state.pending, step, scope=row.scope or state.scope))
 
 
 def next_step(row: Converted, basis: str, state: RowState | None
@@ -68,12 +76,13 @@ def next_step(row: Converted, basis: str, state: RowState | None
     changed, or when the row was counted on the other cost basis (the first basis stays).
     ``state`` has no pending step (``unfinished`` went first)."""
     if state is None:
-        return row, RowState(basis, row.micro)
+        return row, RowState(basis, row.micro, scope=row.scope)
     if state.basis != basis or state.micro == row.micro:
         return None
     before = 0 if state.micro is None else state.micro
     step = state.step + 1
-    return _revision(row, step, row.micro - before), RowState(basis, row.micro, step)
+    return (_revision(row, step, row.micro - before),
+            RowState(basis, row.micro, step, scope=row.scope or state.scope))
 
 
 def _amount(micro: int) -> dict[str, object]:

@@ -25,7 +25,8 @@ class ImportTally:
     resent_rows: int = 0  # steps an earlier import left unacknowledged, sent again as they were
     unsent_rows: int = 0  # such steps Kafka did not acknowledge this time either: next import
     recorded_rows: int = 0  # --record-only: recorded as counted by an earlier import
-    withdrawn_rows: int = 0  # --complete: counted before, missing from the export: reversed
+    missing_rows: int = 0  # --complete: named under an export of the files, not in them
+    withdrawn_rows: int = 0  # of those, the ones whose counted amount was reversed
     withdrawn_micro: int = 0  # what withdrawing them sent (minus what they had counted)
     # exports whose missing rows were too many to withdraw: (label, missing, named)
     withdrawals_refused: list[tuple[str, int, int]] = field(default_factory=list)
@@ -96,6 +97,7 @@ class ImportTally:
             "rows_resent": self.resent_rows,
             "rows_unsent": self.unsent_rows,
             "rows_recorded": self.recorded_rows,
+            "rows_missing": self.missing_rows,
             "rows_withdrawn": self.withdrawn_rows,
             "withdrawn_total": format_micro(self.withdrawn_micro),
             "withdrawals_refused": [{"export": label, "missing_rows": gone, "named_rows": named}

@@ -76,10 +76,4 @@ def rebuilt(row_id: str, text: str, shapes: Mapping[str, str], scope: str) -> Co
 
 def missing(named: Iterable[Row], held: set[Row], skipped_ids: set[str]) -> list[Row]:
     """The rows named under a scope that the files neither hold nor skipped, in order."""
-    return sorted(row for row in named
-                  if row not in held and _digest(row[1]) not in skipped_ids)
-
-
-def _digest(row_id: str) -> str:
-    """``focus:<digest>`` or ``focus:<digest>:<n>`` → the digest."""
-    return row_id.split(":")[1] if row_id.count(":") >= 1 else row_id
+    return sorted(row for row in named if row not in held and row[1] not in skipped_ids)

@@ -74,15 +74,7 @@ class Delivery(Chunks):
         self.complete = complete
 
     def flush(self) -> None:
-        rows, keys = self.take()
-        if self.complete:  # every row held is named, so that any may be withdrawn later
-            self._name(zip(rows, keys, strict=True))
-        self.deliver(rows, keys)
-
-    def _name(self, rows: Iterable[tuple[Converted, tuple[str, str]]]) -> None:
-        if self.stream is not None and self.ledger is not None:  # a dry run writes nothing
-            self.ledger.attribute((row.scope, key, attribution(row))
-                                  for row, key in rows if row.scope)
+        self.deliver(*self.take())
 
     def withdraw(self, scopes: Mapping[str, str], skipped_ids: set[str],
                  max_share: float = 1.0) -> None:
@@ -98,6 +90,7 @@ class Delivery(Chunks):
             if len(gone) > max_share * len(named):
                 self.tally.withdrawals_refused.append((label, len(gone), len(named)))
                 continue
+            self.tally.missing_rows += len(gone)
             for start in range(0, len(gone), CHUNK_ROWS):
                 keys = gone[start:start + CHUNK_ROWS]
                 kept = [(key, text) for key, text in
@@ -113,6 +106,11 @@ class Delivery(Chunks):
         export, which are not rows read."""
         states: list[RowState | None] = \
             self.ledger.states(keys) if self.ledger else [None] * len(rows)
+        if withdrawing:  # nothing counted, or on another billing period's export now: left
+            kept = [index for index, state in enumerate(states)
+                    if state is not None and state.scope in ("", rows[index].scope)]
+            rows, keys = [rows[i] for i in kept], [keys[i] for i in kept]
+            states = [states[i] for i in kept]
         again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
                  if state is not None and state.pending is not None}
         if again and (self.stream is None or self._sent([sent for sent, _ in again.values()])):
@@ -121,7 +119,9 @@ class Delivery(Chunks):
                 states[index] = done
             self.tally.resent_rows += len(again)
         steps = []
-        stepped: list[tuple[Converted, tuple[str, str]]] = []
+        named: list[tuple[Converted, tuple[str, str]]] = []  # as this import has them
+        unnamed: list[tuple[Converted, tuple[str, str]]] = []  # named only if they are not
+        rescoped: list[tuple[tuple[str, str], RowState]] = []
         for index, (row, state) in enumerate(zip(rows, states, strict=True)):
             if state is not None and state.pending is not None:  # still unacknowledged
                 self.tally.count_unsent(read=not withdrawing)
@@ -134,16 +134,35 @@ class Delivery(Chunks):
             if step is not None:
                 other = state or RowState(self.basis, None)
                 steps.append((keys[index], other.sending(row.micro), *step))
-                stepped.append((row, keys[index]))
-            elif state is not None and state.basis != self.basis and not withdrawing:
+                named.append((row, keys[index]))
+                continue
+            if state is not None and row.scope and state.scope != row.scope:
+                rescoped.append((keys[index], state.held_by(row.scope)))  # its latest export
+                named.append((row, keys[index]))
+            else:
+                unnamed.append((row, keys[index]))
+            if state is not None and state.basis != self.basis and not withdrawing:
                 self.tally.other_basis_rows += 1
-        if not steps or self.stream is None:
+        if self.stream is None:
             return
-        if not withdrawing and not self.complete:  # rows counted anew or revised are named
-            self._name(stepped)
+        if not withdrawing:
+            # Named before anything is sent: a row counted can always be withdrawn. Rows
+            # counted anew or revised, or held by another export than before, are named as
+            # this import has them.
+            self._name(named, replace=True)
+            if self.complete:  # rows held as they were: named if they were not
+                self._name(unnamed, replace=False)
+            self._write(rescoped)
+        if not steps:
+            return
         self._write((key, ahead) for key, ahead, _, _ in steps)
         if self._sent([sent for _, _, sent, _ in steps]):
             self._write((key, done) for key, _, _, done in steps)
+
+    def _name(self, rows: list[tuple[Converted, tuple[str, str]]], replace: bool) -> None:
+        if self.ledger is not None:
+            self.ledger.attribute([(row.scope, key, attribution(row))
+                                   for row, key in rows if row.scope], replace=replace)
 
     def _sent(self, rows: list[Converted]) -> bool:
         """Send the rows' events; True once Kafka has acknowledged every one of them."""
@@ -172,9 +191,10 @@ class Recording(Chunks):
 
     def flush(self) -> None:
         rows, keys = self.take()
-        self.ledger.attribute((row.scope, key, attribution(row))
-                              for row, key in zip(rows, keys, strict=True) if row.scope)
-        new = [(key, RowState(self.basis, row.micro))
+        self.ledger.attribute([(row.scope, key, attribution(row))
+                               for row, key in zip(rows, keys, strict=True) if row.scope],
+                              replace=False)
+        new = [(key, RowState(self.basis, row.micro, scope=row.scope))
                for key, row, state in zip(keys, rows, self.ledger.states(keys), strict=True)
                if state is None]
         self.ledger.write(new)

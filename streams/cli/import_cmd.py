@@ -259,11 +259,17 @@ class ImportReport:
         if tally.revised_rows:
             typer.echo(f"  {_count(tally.revised_rows, 'row')} revised since an earlier import: "
                        "the difference sent as an adjustment")
-        if tally.withdrawn_rows:
+        if tally.missing_rows:
             verb = "would withdraw" if self.dry_run else "withdrew"
-            typer.echo(f"  {verb} {_count(tally.withdrawn_rows, 'row')} counted before and "
-                       f"missing from this export of their billing period: "
+            typer.echo(f"  {_count(tally.missing_rows, 'row')} counted before missing from this "
+                       f"export of their billing period: {verb} "
+                       f"{_count(tally.withdrawn_rows, 'row')}, "
                        f"{money(tally.withdrawn_micro)} as adjustments")
+            if tally.missing_rows > tally.withdrawn_rows:
+                typer.echo("    the others have nothing to withdraw here: withdrawn before, "
+                           "counted on the other cost basis, or on another period's bill now")
+        elif self.complete and self.memory_unread is not None:
+            typer.echo("  which rows are missing is not known: the row memory was not read")
         elif self.complete and not tally.withdrawals_refused:
             typer.echo("  no row counted before is missing from this export")
         for label, gone, named in tally.withdrawals_refused:

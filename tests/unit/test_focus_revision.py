@@ -111,9 +111,10 @@ class Memory:
     def write(self, states: Any) -> None:
         self.held.update(dict(states))
 
-    def attribute(self, rows: Any) -> None:
+    def attribute(self, rows: Any, replace: bool = True) -> None:
         for scope, key, named in rows:
-            self.named.setdefault(scope, {})[key] = named.text
+            if replace or key not in self.named.get(scope, {}):
+                self.named.setdefault(scope, {})[key] = named.text
             self.shaped.setdefault(scope, {})[named.shape_id] = named.shape
 
     def shapes(self, scope: str, shape_ids: list[str]) -> dict[str, str]:

@@ -166,8 +166,16 @@ def test_an_attribution_rebuilds_the_row_at_zero() -> None:
 
 def test_missing_names_what_is_neither_held_nor_skipped() -> None:
     named = [("2024-09", "focus:aa"), ("2024-09", "focus:bb:2"), ("2024-09", "focus:cc")]
-    assert missing(named, {("2024-09", "focus:aa")}, {"bb"}) == [("2024-09", "focus:cc")]
+    assert missing(named, {("2024-09", "focus:aa")}, {"focus:bb:2"}) == [
+        ("2024-09", "focus:cc")]
+
+
+def test_a_state_keeps_the_export_that_last_held_its_row() -> None:
     assert RowState("effective", 0, 1).encode() == "effective:0:1:"
+    held = RowState("effective", 5, 2, None, "8f0b7cafc56c3b42")
+    assert held.encode() == "effective:5:2::8f0b7cafc56c3b42"
+    assert RowState.decode(held.encode()) == held
+    assert held.held_by("") == held and held.held_by("aa").scope == "aa"
 
 
 def test_an_export_missing_too_many_of_its_rows_withdraws_none_of_them() -> None:
@@ -184,3 +192,66 @@ def test_an_export_missing_too_many_of_its_rows_withdraws_none_of_them() -> None
     assert account.import_(rows[:9], max_share=0.1).withdrawn_rows == 1  # one of ten: 10 %
     assert account.import_(rows[:8], max_share=1.0).withdrawn_rows == 1  # the other one
     assert account.total == 8_000_000
+
+
+def test_a_row_now_on_another_periods_bill_is_not_withdrawn_from_the_first() -> None:
+    """Its id does not depend on the billing period: September's restated export without it
+    leaves it to October's, which holds it now."""
+    account = Account()
+    moving = bill_row("i-9", "7")
+    account.import_([bill_row("i-1", "10"), moving])
+    october = {**moving, "BillingPeriodStart": "2024-10-01 00:00:00"}
+    account.import_([october], complete=False)  # unchanged: only its export is noted
+    tally = account.import_([bill_row("i-1", "10")])  # September, restated without it
+    assert (tally.missing_rows, tally.withdrawn_rows, account.total) == (1, 0, 17_000_000)
+    # Gone from October's too: withdrawn there, once, also with both exports in one import.
+    tally = account.import_([bill_row("i-1", "10"),
+                             bill_row("i-2", "1", BillingPeriodStart="2024-10-01 00:00:00")])
+    assert (tally.missing_rows, tally.withdrawn_rows, account.total) == (2, 1, 11_000_000)
+
+
+def test_a_split_line_skipped_keeps_its_number_and_its_amount() -> None:
+    """Two lines of one identity (tags are not part of it); the first one's cost can no longer
+    be read: it keeps what it counted, and the second keeps its own id."""
+    account = Account()
+    first, second = bill_row("i-1", "5", Tags='{"team": "a"}'), bill_row("i-1", "3",
+                                                                          Tags='{"team": "b"}')
+    account.import_([first, second])
+    unreadable = {**first, "EffectiveCost": "n/a"}
+    tally = account.import_([unreadable, second])
+    assert (tally.unchanged_rows, tally.missing_rows, account.total) == (1, 0, 8_000_000)
+    tally = account.import_([unreadable])  # the second line dropped: withdrawn alone
+    assert (tally.withdrawn_rows, tally.withdrawn_micro, account.total) == (
+        1, -3_000_000, 5_000_000)
+
+
+def test_a_row_is_withdrawn_the_way_it_was_counted_not_as_a_later_import_converted_it(
+) -> None:
+    account = Account()
+    fee = bill_row("support", "24", ChargePeriodStart="2024-09-18 00:00:00",
+                   ChargePeriodEnd="2024-09-19 00:00:00", ChargeFrequency="Recurring")
+    account.import_([bill_row("i-1", "10"), fee])  # counted as one event
+    account.import_([bill_row("i-1", "10"), fee], spread=True)  # unchanged, spread this time
+    counted = set(account.kafka.counted)
+    tally = account.import_([bill_row("i-1", "10")], spread=True)
+    sent = {k: v for k, v in account.kafka.counted.items() if k not in counted}
+    assert (tally.withdrawn_rows, list(sent.values())) == (1, [-24_000_000])
+    assert not any("/" in k for k in sent)  # one event, at the hour it was counted at
+
+
+def test_a_named_row_with_nothing_counted_is_not_withdrawn() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10"), bill_row("i-2", "4")])
+    kept = FocusConverter(CostBasis.effective, "USD", now=NOW).convert(bill_row("i-1", "10"))
+    assert isinstance(kept, Converted)
+    gone = next(key for key in account.memory.held if key != row_key(kept))
+    del account.memory.held[gone]  # its state lost, its name kept
+    tally = account.import_([bill_row("i-1", "10")])
+    assert (tally.missing_rows, tally.withdrawn_rows, tally.events) == (1, 0, 0)
+
+
+def test_a_billing_period_left_empty_is_a_warning() -> None:
+    converter = FocusConverter(CostBasis.effective, "USD", now=NOW)
+    converter.convert(row(BillingPeriodStart="NULL"))
+    converter.convert(row())  # a file without the column: nothing to warn about
+    assert converter.warnings == {"no_billing_period": 1}
