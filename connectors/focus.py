@@ -321,7 +321,7 @@ class FocusConverter:
     # which records what imports counted before they held such rows: the row as it stood.
     hold: bool = True
     warnings: Counter[str] = field(default_factory=Counter)
-    # The scopes of every row read, and the identities of the rows skipped: a row the file
+    # The scopes of every row read, and the event ids of the rows skipped: a row the file
     # holds, counted or not, is never withdrawn as missing from it.
     scopes: dict[str, str] = field(default_factory=dict)  # scope → ``scope_label``
     skipped_ids: set[str] = field(default_factory=set)

@@ -94,6 +94,13 @@ class RowLedger:
                 pipe.expire(key, KEEP_S)
             pipe.execute()
 
+    def unname(self, rows: Iterable[tuple[str, Row]]) -> None:
+        """Take rows from under scopes that no longer hold them: (scope, row)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for scope, (month, row_id) in rows:
+                pipe.hdel(attribution_key(self.namespace, scope, row_id), f"{month}\t{row_id}")
+            pipe.execute()
+
     def _set(self, by_key: dict[str, dict[str, str]]) -> None:
         """Every key's fields, each key kept ``KEEP_S`` from now: one round trip."""
         if not by_key:

@@ -13,7 +13,9 @@ own time and tags (spread over its hours when it was spread), written ahead as e
 is. Should the row come back in a later export it is counted again from zero.
 
 A row the files hold but skip (a bad cost, a currency without a rate, an open charge) is not
-missing. A row the memory names without an attribution cannot be rebuilt and is left.
+missing. A row a later import found on another billing period's bill is that export's to
+withdraw (its state names the export that last held it). A row the memory names without an
+attribution cannot be rebuilt and is left.
 """
 
 from __future__ import annotations

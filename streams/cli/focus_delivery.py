@@ -2,8 +2,9 @@
 written ahead (``Delivery``), or, with ``--record-only``, into the row memory alone
 (``Recording``). Both take rows a chunk at a time: one round trip to Redis for a chunk's
 states, one for what it writes. Rows are named under their export (``focus_withdrawal``): those
-counted anew or revised, and every row with ``--record-only`` or ``--complete``; a complete
-delivery then withdraws the rows its exports no longer hold."""
+counted anew, revised or found on another bill than before, and with ``--record-only`` or
+``--complete`` every row not named yet; a complete delivery then withdraws the rows its exports
+no longer hold."""
 
 from __future__ import annotations
 
@@ -122,6 +123,7 @@ class Delivery(Chunks):
         named: list[tuple[Converted, tuple[str, str]]] = []  # as this import has them
         unnamed: list[tuple[Converted, tuple[str, str]]] = []  # named only if they are not
         rescoped: list[tuple[tuple[str, str], RowState]] = []
+        moved: list[tuple[str, tuple[str, str]]] = []  # (the export that held it, row)
         for index, (row, state) in enumerate(zip(rows, states, strict=True)):
             if state is not None and state.pending is not None:  # still unacknowledged
                 self.tally.count_unsent(read=not withdrawing)
@@ -139,6 +141,8 @@ class Delivery(Chunks):
             if state is not None and row.scope and state.scope != row.scope:
                 rescoped.append((keys[index], state.held_by(row.scope)))  # its latest export
                 named.append((row, keys[index]))
+                if state.scope:
+                    moved.append((state.scope, keys[index]))
             else:
                 unnamed.append((row, keys[index]))
             if state is not None and state.basis != self.basis and not withdrawing:
@@ -153,6 +157,8 @@ class Delivery(Chunks):
             if self.complete:  # rows held as they were: named if they were not
                 self._name(unnamed, replace=False)
             self._write(rescoped)
+            if moved and self.ledger is not None:
+                self.ledger.unname(moved)
         if not steps:
             return
         self._write((key, ahead) for key, ahead, _, _ in steps)

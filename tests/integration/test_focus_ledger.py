@@ -53,5 +53,8 @@ def test_named_rows_read_back_whole_per_scope(any_redis_url: str) -> None:
                     (original[k].event.event_id, original[k].event.ts, original[k].event.tags, 0)
                     for k in named]
             assert ledger.states([row_key(rows[7])]) == [RowState("effective", 7_500_000)]
+            ledger.unname([(rows[7].scope, row_key(rows[7]))])
+            assert row_key(rows[7]) not in ledger.scope_rows(rows[7].scope)
+            assert len(ledger.scope_rows(rows[7].scope)) == len(by_scope[rows[7].scope]) - 1
     finally:
         forget_redis_keys(any_redis_url, namespace)

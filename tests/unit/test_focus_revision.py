@@ -120,6 +120,10 @@ class Memory:
     def shapes(self, scope: str, shape_ids: list[str]) -> dict[str, str]:
         return {i: self.shaped[scope][i] for i in shape_ids}
 
+    def unname(self, rows: Any) -> None:
+        for scope, key in rows:
+            self.named.get(scope, {}).pop(key, None)
+
     def scope_rows(self, scope: str) -> list[tuple[str, str]]:
         return list(self.named.get(scope, {}))
 
