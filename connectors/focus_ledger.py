@@ -96,6 +96,9 @@ class RowLedger:
 
     def unname(self, rows: Iterable[tuple[str, Row]]) -> None:
         """Take rows from under scopes that no longer hold them: (scope, row)."""
+        rows = list(rows)
+        if not rows:
+            return
         with self.redis.pipeline(transaction=False) as pipe:
             for scope, (month, row_id) in rows:
                 pipe.hdel(attribution_key(self.namespace, scope, row_id), f"{month}\t{row_id}")

@@ -296,6 +296,12 @@ def interrupted_refusal(tracked: Enforcement, rule: BudgetRule | None, *, paused
     return None
 
 
+def due_time(tracked: Enforcement, rule: BudgetRule | None) -> float:
+    """When the plan's grace ends under the rule as loaded now (``Enforcement.due_with``)."""
+    return tracked.due_at if rule is None or rule.enforce is None else \
+        tracked.due_with(rule.enforce.grace)
+
+
 def verdict(tracked: Enforcement, rule: BudgetRule | None, finding: Finding | None,
             known: bool, now: float, *, paused: bool, keep: Keep | None) -> Verdict:
     """Whether a plan whose grace may have ended is enforced now, later, or never.
@@ -304,8 +310,7 @@ def verdict(tracked: Enforcement, rule: BudgetRule | None, finding: Finding | No
     evaluated since the worker started: without an evaluation the answer is "not yet".
     """
     plan = tracked.plan
-    due = tracked.due_at if rule is None or rule.enforce is None else \
-        tracked.due_with(rule.enforce.grace)
+    due = due_time(tracked, rule)
     if now < due:
         return Hold(f"grace runs until {rfc3339(due)}")
     refused = refusal(rule, plan.group, paused=paused, keep=keep, now=now)

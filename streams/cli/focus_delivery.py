@@ -21,6 +21,10 @@ from costline.streams.cli.produce_cmd import Summary
 
 CHUNK_ROWS = 2000
 
+Key = tuple[str, str]  # a row's place in the memory: (month, row id)
+# (row, its state while the step is sent, what is sent, its state once Kafka has it)
+Step = tuple[Key, RowState, Converted, RowState]
+
 
 class Stream(Protocol):
     """The usage topic (``import_cmd.UsageStream``)."""
@@ -78,17 +82,17 @@ class Delivery(Chunks):
         self.deliver(*self.take())
 
     def withdraw(self, scopes: Mapping[str, str], skipped_ids: set[str],
-                 max_share: float = 1.0) -> None:
+                 max_percent: float = 100.0) -> None:
         """``--complete``: withdraw every row named under ``scopes`` (scope → label) that no
         chunk held (nor the files skipped), a chunk at a time, written ahead as any step is.
-        A scope missing more than ``max_share`` of its named rows withdraws none: files cut
-        short look like that. A dry run that read the memory tallies what it would do."""
+        A scope missing more than ``max_percent`` of its named rows withdraws none: files
+        cut short look like that. A dry run that read the memory tallies what it would do."""
         if self.ledger is None:
             return
         for scope, label in sorted(scopes.items()):
             named = self.ledger.scope_rows(scope)
             gone = missing(named, self.held, skipped_ids)
-            if len(gone) > max_share * len(named):
+            if 100 * len(gone) > max_percent * len(named):
                 self.tally.withdrawals_refused.append((label, len(gone), len(named)))
                 continue
             self.tally.missing_rows += len(gone)
@@ -98,74 +102,106 @@ class Delivery(Chunks):
                         zip(keys, self.ledger.attributions(scope, keys), strict=True) if text]
                 shapes = self.ledger.shapes(scope, [shape_of(text) for _, text in kept])
                 kept = [(key, text) for key, text in kept if shape_of(text) in shapes]
-                self.deliver([rebuilt(key[1], text, shapes, scope) for key, text in kept],
-                             [key for key, _ in kept], withdrawing=True)
+                self._withdraw([rebuilt(key[1], text, shapes, scope) for key, text in kept],
+                               [key for key, _ in kept], scope)
 
-    def deliver(self, rows: list[Converted], keys: list[tuple[str, str]],
-                withdrawing: bool = False) -> None:
-        """Each row's next step; ``withdrawing``: rows rebuilt at zero, missing from the
-        export, which are not rows read."""
-        states: list[RowState | None] = \
-            self.ledger.states(keys) if self.ledger else [None] * len(rows)
-        if withdrawing:  # nothing counted, or on another billing period's export now: left
-            kept = [index for index, state in enumerate(states)
-                    if state is not None and state.scope in ("", rows[index].scope)]
-            rows, keys = [rows[i] for i in kept], [keys[i] for i in kept]
-            states = [states[i] for i in kept]
-        again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
-                 if state is not None and state.pending is not None}
-        if again and (self.stream is None or self._sent([sent for sent, _ in again.values()])):
-            self._write((keys[index], done) for index, (_, done) in again.items())
-            for index, (_, done) in again.items():
-                states[index] = done
-            self.tally.resent_rows += len(again)
-        steps = []
-        named: list[tuple[Converted, tuple[str, str]]] = []  # as this import has them
-        unnamed: list[tuple[Converted, tuple[str, str]]] = []  # named only if they are not
-        rescoped: list[tuple[tuple[str, str], RowState]] = []
-        moved: list[tuple[str, tuple[str, str]]] = []  # (the export that held it, row)
-        for index, (row, state) in enumerate(zip(rows, states, strict=True)):
+    def deliver(self, rows: list[Converted], keys: list[Key]) -> None:
+        """Each row's next step, and its name under the export that holds it now."""
+        before = self._states(keys)
+        states = self._send_unfinished(rows, keys, before)
+        steps: list[Step] = []
+        named: list[tuple[Converted, Key]] = []  # as this import has them
+        renamed: list[tuple[Converted, Key]] = []  # named there unless they are
+        unnamed: list[tuple[Converted, Key]] = []  # with --complete, named unless they are
+        rescoped: list[tuple[Key, RowState]] = []
+        moved: list[tuple[str, Key]] = []  # (the export that held it before, row)
+        for row, key, was, state in zip(rows, keys, before, states, strict=True):
             if state is not None and state.pending is not None:  # still unacknowledged
-                self.tally.count_unsent(read=not withdrawing)
+                self.tally.count_unsent()
                 continue
             step = next_step(row, self.basis, state)
-            if withdrawing:
-                self.tally.count_withdrawn(None if step is None else step[0])
-            else:
-                self.tally.count(None if step is None else step[0], revised=state is not None)
+            self.tally.count(None if step is None else step[0], revised=state is not None)
+            elsewhere = was is not None and bool(row.scope) and was.scope != row.scope
+            if elsewhere and was is not None and was.scope:
+                moved.append((was.scope, key))  # on another export's bill than before
             if step is not None:
-                other = state or RowState(self.basis, None)
-                steps.append((keys[index], other.sending(row.micro), *step))
-                named.append((row, keys[index]))
-                continue
-            if state is not None and row.scope and state.scope != row.scope:
-                rescoped.append((keys[index], state.held_by(row.scope)))  # its latest export
-                named.append((row, keys[index]))
-                if state.scope:
-                    moved.append((state.scope, keys[index]))
+                ahead = (state or RowState(self.basis, None)).sending(row.micro)
+                steps.append((key, ahead.held_by(row.scope), *step))
+                named.append((row, key))
+            elif elsewhere and state is not None:
+                rescoped.append((key, state.held_by(row.scope)))
+                renamed.append((row, key))
             else:
-                unnamed.append((row, keys[index]))
-            if state is not None and state.basis != self.basis and not withdrawing:
+                unnamed.append((row, key))
+            if state is not None and state.basis != self.basis:
                 self.tally.other_basis_rows += 1
         if self.stream is None:
             return
-        if not withdrawing:
-            # Named before anything is sent: a row counted can always be withdrawn. Rows
-            # counted anew or revised, or held by another export than before, are named as
-            # this import has them.
-            self._name(named, replace=True)
-            if self.complete:  # rows held as they were: named if they were not
-                self._name(unnamed, replace=False)
+        if self.ledger is not None:  # named before anything is sent: a row counted can
+            self._name(named, replace=True)  # always be withdrawn
+            self._name(renamed + (unnamed if self.complete else []), replace=False)
             self._write(rescoped)
-            if moved and self.ledger is not None:
-                self.ledger.unname(moved)
-        if not steps:
-            return
-        self._write((key, ahead) for key, ahead, _, _ in steps)
-        if self._sent([sent for _, _, sent, _ in steps]):
-            self._write((key, done) for key, _, _, done in steps)
+            self.ledger.unname(moved)
+        self._send_steps(steps)
 
-    def _name(self, rows: list[tuple[Converted, tuple[str, str]]], replace: bool) -> None:
+    def _withdraw(self, rows: list[Converted], keys: list[Key], scope: str) -> None:
+        """Missing rows, rebuilt at zero: each one's withdrawal. A row withdrawn, or with
+        nothing to withdraw here, is no longer named under ``scope``; one whose withdrawal
+        Kafka did not acknowledge stays named, for the next import to finish."""
+        before = self._states(keys)
+        # Nothing counted, or on another export's bill now: nothing to withdraw here.
+        here = [i for i, state in enumerate(before)
+                if state is not None and state.scope in ("", scope)]
+        kept = set(here)
+        left = [key for i, key in enumerate(keys) if i not in kept]
+        rows, keys = [rows[i] for i in here], [keys[i] for i in here]
+        states = self._send_unfinished(rows, keys, [before[i] for i in here])
+        steps: list[Step] = []
+        for row, key, state in zip(rows, keys, states, strict=True):
+            if state is not None and state.pending is not None:
+                self.tally.count_unsent(read=False)
+                continue
+            step = next_step(row, self.basis, state)
+            self.tally.count_withdrawn(None if step is None else step[0])
+            if step is None:
+                left.append(key)
+            else:
+                assert state is not None
+                steps.append((key, state.sending(row.micro), *step))
+        if self.stream is None or self.ledger is None:
+            return
+        self.ledger.unname((scope, key) for key in left)
+        if self._send_steps(steps):
+            self.ledger.unname((scope, key) for key, _, _, _ in steps)
+
+    def _states(self, keys: list[Key]) -> list[RowState | None]:
+        return self.ledger.states(keys) if self.ledger else [None] * len(keys)
+
+    def _send_unfinished(self, rows: list[Converted], keys: list[Key],
+                         states: list[RowState | None]) -> list[RowState | None]:
+        """Send again what earlier imports set out and did not see acknowledged, as it was;
+        the states once Kafka has it."""
+        again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
+                 if state is not None and state.pending is not None}
+        if not again or (self.stream is not None
+                         and not self._sent([sent for sent, _ in again.values()])):
+            return states
+        self._write((keys[index], done) for index, (_, done) in again.items())
+        self.tally.resent_rows += len(again)
+        return [again[index][1] if index in again else state
+                for index, state in enumerate(states)]
+
+    def _send_steps(self, steps: list[Step]) -> bool:
+        """Mark each step pending, send it, and count it once Kafka has acknowledged it."""
+        if not steps:
+            return True
+        self._write((key, ahead) for key, ahead, _, _ in steps)
+        if not self._sent([sent for _, _, sent, _ in steps]):
+            return False
+        self._write((key, done) for key, _, _, done in steps)
+        return True
+
+    def _name(self, rows: list[tuple[Converted, Key]], replace: bool) -> None:
         if self.ledger is not None:
             self.ledger.attribute([(row.scope, key, attribution(row))
                                    for row, key in rows if row.scope], replace=replace)
@@ -197,13 +233,18 @@ class Recording(Chunks):
 
     def flush(self) -> None:
         rows, keys = self.take()
+        states = self.ledger.states(keys)
         self.ledger.attribute([(row.scope, key, attribution(row))
                                for row, key in zip(rows, keys, strict=True) if row.scope],
                               replace=False)
         new = [(key, RowState(self.basis, row.micro, scope=row.scope))
-               for key, row, state in zip(keys, rows, self.ledger.states(keys), strict=True)
-               if state is None]
-        self.ledger.write(new)
+               for key, row, state in zip(keys, rows, states, strict=True) if state is None]
+        # A row the memory knows, on another export's bill than before: that export's now.
+        elsewhere = [(key, row, state) for key, row, state in zip(keys, rows, states, strict=True)
+                     if state is not None and row.scope and state.scope != row.scope]
+        self.ledger.write([*new, *((key, state.held_by(row.scope))
+                                   for key, row, state in elsewhere)])
+        self.ledger.unname((state.scope, key) for key, _, state in elsewhere if state.scope)
         self.tally.rows += len(rows)
         self.tally.recorded_rows += len(new)
         self.tally.unchanged_rows += len(rows) - len(new)

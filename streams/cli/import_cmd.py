@@ -266,8 +266,9 @@ class ImportReport:
                        f"{_count(tally.withdrawn_rows, 'row')}, "
                        f"{money(tally.withdrawn_micro)} as adjustments")
             if tally.missing_rows > tally.withdrawn_rows:
-                typer.echo("    the others have nothing to withdraw here: withdrawn before, "
-                           "counted on the other cost basis, or on another period's bill now")
+                typer.echo("    the others have nothing to withdraw here: nothing counted, "
+                           "counted on the other cost basis, on another period's bill now, or "
+                           "withdrawn before Kafka acknowledged it (rows_unsent)")
         elif self.complete and self.memory_unread is not None:
             typer.echo("  which rows are missing is not known: the row memory was not read")
         elif self.complete and not tally.withdrawals_refused:
@@ -384,7 +385,7 @@ def _run_import(ctx: typer.Context, files: list[Path], basis: CostBasis, dry_run
                     "counts once)")) from exc
         # Only once every file was read whole: a file that failed withdraws nothing.
         if complete and isinstance(delivery, Delivery):
-            delivery.withdraw(converter.scopes, converter.skipped_ids, max_withdraw / 100)
+            delivery.withdraw(converter.scopes, converter.skipped_ids, max_withdraw)
     return ImportReport([str(file) for file in files], basis, book.currency, dry_run, tally, sent,
                         dict(converter.warnings), time.perf_counter() - began, sorted(missing),
                         spread, unread, record_only, complete, max_withdraw)

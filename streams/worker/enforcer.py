@@ -40,6 +40,7 @@ from costline.rules.enforce import (
     Skip,
     cap_breach,
     dry_run_record,
+    due_time,
     effective_mode,
     group_key,
     interrupted_refusal,
@@ -216,7 +217,7 @@ class Enforcer:
             keep = await self._ledger.kept(keep_key(plan.rule, plan.group), now)
             # The re-check after the grace reads an evaluation made once the grace was over, not
             # the one that planned it (an evaluator that stopped answering would enforce on it).
-            finding, known = self._latest(plan, since=tracked.due_at)
+            finding, known = self._latest(plan, since=due_time(tracked, rule))
             found = verdict(tracked, rule, finding, known, now, paused=paused, keep=keep)
             if isinstance(found, Skip):
                 await self._close(tracked, "skipped", found.reason, now)

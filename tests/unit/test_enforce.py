@@ -191,7 +191,10 @@ def test_a_grace_lengthened_after_the_warning_is_waited_for() -> None:
         plugins=PLUGINS)
     world.run(finding("pretrain", 125), at=T0 + 10 * MIN)
     assert world.slurm.applied == []  # the rule's grace now runs until 08:30
-    world.run(finding("pretrain", 125), at=T0 + 30 * MIN)
+    world.now = T0 + 31 * MIN
+    asyncio.run(world.enforcer.tick(world.now))  # no evaluation since 08:30: not yet
+    assert world.slurm.applied == []
+    world.run(finding("pretrain", 125), at=T0 + 31 * MIN)
     assert world.slurm.applied == ["pretrain"]
 
 

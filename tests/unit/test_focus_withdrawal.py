@@ -12,7 +12,7 @@ from costline.connectors.focus_revision import RowState
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.focus_withdrawal import attribution, missing, rebuilt
 from costline.rules.events import ChargeKind
-from costline.streams.cli.focus_delivery import Delivery, row_key
+from costline.streams.cli.focus_delivery import Delivery, Recording, row_key
 from costline.streams.cli.produce_cmd import Summary
 from tests.unit.test_focus import NOW, row
 from tests.unit.test_focus_revision import Kafka, Memory, micro_of
@@ -34,7 +34,7 @@ class Account:
 
     def import_(self, rows: list[dict[str, str | None]], *, complete: bool = True,
                 down: bool = False, dry_run: bool = False, spread: bool = False,
-                basis: CostBasis = CostBasis.effective, max_share: float = 1.0) -> ImportTally:
+                basis: CostBasis = CostBasis.effective, max_percent: float = 100) -> ImportTally:
         self.kafka.down, tally = down, ImportTally()
         converter = FocusConverter(basis, "USD", now=NOW, spread=spread)
         delivery = Delivery(tally, basis, None if dry_run else self.kafka,  # type: ignore[arg-type]
@@ -47,7 +47,7 @@ class Account:
                 tally.count(outcome)
         delivery.flush()
         if complete:
-            delivery.withdraw(converter.scopes, converter.skipped_ids, max_share)
+            delivery.withdraw(converter.scopes, converter.skipped_ids, max_percent)
         return tally
 
     @property
@@ -183,14 +183,14 @@ def test_an_export_missing_too_many_of_its_rows_withdraws_none_of_them() -> None
     account = Account()
     rows = [bill_row(f"i-{n}", "1") for n in range(10)]
     account.import_(rows)
-    tally = account.import_(rows[:8], max_share=0.1)
+    tally = account.import_(rows[:8], max_percent=10)
     assert tally.withdrawals_refused == [
         ("AWS account 999 period 2024-09-01T00:00:00Z", 2, 10)]
     assert (tally.withdrawn_rows, tally.as_dict()["withdrawals_refused"], account.total) == (
         0, [{"export": "AWS account 999 period 2024-09-01T00:00:00Z", "missing_rows": 2,
              "named_rows": 10}], 10_000_000)
-    assert account.import_(rows[:9], max_share=0.1).withdrawn_rows == 1  # one of ten: 10 %
-    assert account.import_(rows[:8], max_share=1.0).withdrawn_rows == 1  # the other one
+    assert account.import_(rows[:9], max_percent=10).withdrawn_rows == 1  # one of ten: 10 %
+    assert account.import_(rows[:8], max_percent=100).withdrawn_rows == 1  # the other one
     assert account.total == 8_000_000
 
 
@@ -255,3 +255,63 @@ def test_a_billing_period_left_empty_is_a_warning() -> None:
     converter.convert(row(BillingPeriodStart="NULL"))
     converter.convert(row())  # a file without the column: nothing to warn about
     assert converter.warnings == {"no_billing_period": 1}
+
+
+def test_a_row_on_another_bill_while_its_step_was_pending_is_that_bills_to_withdraw() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10"), bill_row("i-9", "7")])
+    account.import_([bill_row("i-1", "10"), bill_row("i-9", "8")], down=True)  # pending
+    october = bill_row("i-9", "8", BillingPeriodStart="2024-10-01 00:00:00")
+    account.import_([october], complete=False)  # the pending step goes, on October's bill
+    assert account.total == 18_000_000
+    assert account.import_([bill_row("i-1", "10")]).missing_rows == 0  # not September's
+    tally = account.import_([bill_row("i-2", "1", BillingPeriodStart="2024-10-01 00:00:00")])
+    assert (tally.withdrawn_rows, account.total) == (1, 11_000_000)
+
+
+def test_a_row_on_another_bill_with_another_amount_leaves_the_first_bill() -> None:
+    account = Account()
+    rows = [bill_row(f"i-{n}", "1") for n in range(10)]
+    account.import_(rows)
+    october = [{**row, "EffectiveCost": "2", "BillingPeriodStart": "2024-10-01 00:00:00"}
+               for row in rows[:2]]
+    account.import_(october)
+    tally = account.import_(rows[2:], max_percent=10)  # September holds the other eight
+    assert (tally.withdrawals_refused, tally.missing_rows, account.total) == ([], 0, 12_000_000)
+
+
+def test_the_guard_counts_the_rows_missing_now_not_those_withdrawn_before() -> None:
+    account = Account()
+    rows = [bill_row(f"i-{n}", "1") for n in range(20)]
+    account.import_(rows)
+    assert account.import_(rows[2:], max_percent=100).withdrawn_rows == 2
+    tally = account.import_(rows[3:], max_percent=10)  # one more of the 18 left
+    assert (tally.withdrawals_refused, tally.missing_rows, tally.withdrawn_rows) == ([], 1, 1)
+    assert account.total == 17_000_000
+
+
+def test_recording_an_export_notes_the_bill_each_row_is_on_now() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10"), bill_row("i-9", "7")])
+    recording = Recording(ImportTally(), CostBasis.effective, account.memory)  # type: ignore[arg-type]
+    converter = FocusConverter(CostBasis.effective, "USD", now=NOW)
+    moved = converter.convert(bill_row("i-9", "7", BillingPeriodStart="2024-10-01 00:00:00"))
+    assert isinstance(moved, Converted)
+    recording.add(moved)
+    recording.flush()
+    tally = account.import_([bill_row("i-1", "10")])  # September's export, without it
+    assert (tally.missing_rows, account.total) == (0, 17_000_000)
+
+
+def test_a_state_from_before_the_export_was_kept_keeps_the_way_its_row_was_counted() -> None:
+    account = Account()
+    fee = bill_row("support", "24", ChargePeriodStart="2024-09-18 00:00:00",
+                   ChargePeriodEnd="2024-09-19 00:00:00", ChargeFrequency="Recurring")
+    account.import_([bill_row("i-1", "10"), fee])  # counted as one event
+    for key, state in list(account.memory.held.items()):  # as an older costline left them
+        account.memory.held[key] = RowState.decode(":".join(state.encode().split(":")[:4]))
+    account.import_([bill_row("i-1", "10"), fee], spread=True, complete=False)
+    counted = set(account.kafka.counted)
+    account.import_([bill_row("i-1", "10")], spread=True)
+    sent = [k for k in account.kafka.counted if k not in counted]
+    assert len(sent) == 1 and "/" not in sent[0] and account.total == 10_000_000
