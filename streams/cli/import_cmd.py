@@ -266,9 +266,9 @@ class ImportReport:
                        f"{_count(tally.withdrawn_rows, 'row')}, "
                        f"{money(tally.withdrawn_micro)} as adjustments")
             if tally.missing_rows > tally.withdrawn_rows:
-                typer.echo("    the others have nothing to withdraw here: nothing counted, "
-                           "counted on the other cost basis, on another period's bill now, or "
-                           "withdrawn before Kafka acknowledged it (rows_unsent)")
+                typer.echo("    the others have nothing to withdraw here (nothing counted, "
+                           "counted on the other cost basis, or on another period's bill now), "
+                           "or their withdrawal still waits for Kafka (rows_unsent)")
         elif self.complete and self.memory_unread is not None:
             typer.echo("  which rows are missing is not known: the row memory was not read")
         elif self.complete and not tally.withdrawals_refused:
