@@ -294,12 +294,17 @@ def effective_mode(plan: Plan, rule: IdleRule | None) -> Mode:
     return "live"
 
 
+def due_time(tracked: Tracked, rule: IdleRule | None) -> float:
+    """When the plan's grace ends under the rule as loaded now (``Tracked.due_with``)."""
+    return tracked.due_at if rule is None or rule.reclaim is None else \
+        tracked.due_with(rule.reclaim.grace)
+
+
 def verdict(tracked: Tracked, rule: IdleRule | None, samples: ResourceSamples | None,
             now: float, *, paused: bool, keep: Keep | None) -> Verdict:
     """Whether a plan whose grace may have ended is released now, later, or never."""
     plan = tracked.plan
-    due = tracked.due_at if rule is None or rule.reclaim is None else \
-        tracked.due_with(rule.reclaim.grace)
+    due = due_time(tracked, rule)
     if now < due:
         return Hold(f"grace runs until {rfc3339(due)}")
     if rule is None or rule.reclaim is None:

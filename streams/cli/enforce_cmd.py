@@ -129,6 +129,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Whether enforcement is paused, and every group planned, enforced or being lifted."""
         from costline.rules.durations import rfc3339
+        from costline.rules.enforce import due_time
 
         async def read(enforcer: Any) -> dict[str, Any]:
             pause = await enforcer.ledger.paused()
@@ -139,7 +140,8 @@ def register(app: typer.Typer) -> None:
                 "enforcements": [
                     {"plan_id": t.plan.plan_id, "rule": t.plan.rule, "group": t.plan.group,
                      "state": t.state, "connector": t.plan.connector, "mode": t.plan.mode,
-                     "execute_at": rfc3339(t.due_at), "until": rfc3339(t.plan.period_end),
+                     "execute_at": rfc3339(due_time(t, enforcer.rule(t.plan.rule))),
+                     "until": rfc3339(t.plan.period_end),
                      "approved_by": t.approved_by, "before": dict(t.before)}
                     for t in await enforcer.ledger.plans()],
             }

@@ -410,7 +410,7 @@ class Enforcer:
         tracked = await self._held(rule, subject)
         if not await self._ledger.approve(tracked.plan.plan_id, by):
             raise LookupError(f"no planned enforcement of {subject} for rule {rule}")
-        return f"enforced from {rfc3339(tracked.due_at)}"
+        return f"enforced from {rfc3339(due_time(tracked, self.rule(rule)))}"
 
     async def _held(self, rule: str, subject: str) -> Enforcement:
         holder = await self._ledger.holder(rule, subject)

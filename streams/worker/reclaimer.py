@@ -44,6 +44,7 @@ from costline.rules.reclaim import (
     Tracked,
     cap_breach,
     dry_run_record,
+    due_time,
     effective_mode,
     hourly_cost,
     make_plan,
@@ -356,7 +357,7 @@ class Reclaimer:
         tracked = await self._ledger.get(holder) if holder else None
         if tracked is None or not await self._ledger.approve(tracked.plan.plan_id, by):
             raise LookupError(f"no planned release of {resource_id} for rule {rule}")
-        due = tracked.due_at
+        due = due_time(tracked, self._rule(rule))
         return f"released at {_when(due)}" if due > at else "released shortly"
 
     async def pause(self, by: str, reason: str = "") -> None:
