@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from costline.rules.durations import format_duration, rfc3339
 from costline.rules.enforce_params import DEFAULT_MAX_PER_HOUR, FORECAST
 from costline.rules.findings import Finding, fraction_of, money_text
-from costline.rules.reclaim import Go, Hold, Keep, Outcome, Skip, Verdict
+from costline.rules.reclaim import Go, Hold, Keep, Outcome, Skip, Verdict, grace_end
 
 if TYPE_CHECKING:
     from costline.rules.kinds.budget import BudgetRule
@@ -127,12 +127,7 @@ class Enforcement:
     def due_at(self) -> float:
         """When it may be enforced: a full grace after a warning that went out late too."""
         plan = self.plan
-        return max(plan.execute_at, (self.warned_at or plan.planned_at) + plan.grace)
-
-    def due_with(self, grace: int) -> float:
-        """``due_at`` under the rule's grace now: a grace lengthened since the plan was made
-        applies to it, a shortened one does not (the owners were told the later time)."""
-        return max(self.due_at, (self.warned_at or self.plan.planned_at) + grace)
+        return grace_end(plan.execute_at, self.warned_at or plan.planned_at, plan.grace)
 
 
 @dataclass(frozen=True)
@@ -297,9 +292,12 @@ def interrupted_refusal(tracked: Enforcement, rule: BudgetRule | None, *, paused
 
 
 def due_time(tracked: Enforcement, rule: BudgetRule | None) -> float:
-    """When the plan's grace ends under the rule as loaded now (``Enforcement.due_with``)."""
-    return tracked.due_at if rule is None or rule.enforce is None else \
-        tracked.due_with(rule.enforce.grace)
+    """When the plan's grace ends under the rule as loaded now (``reclaim.grace_end``)."""
+    if rule is None or rule.enforce is None:
+        return tracked.due_at
+    plan = tracked.plan
+    return grace_end(plan.execute_at, tracked.warned_at or plan.planned_at, plan.grace,
+                     rule.enforce.grace)
 
 
 def verdict(tracked: Enforcement, rule: BudgetRule | None, finding: Finding | None,

@@ -123,12 +123,7 @@ class Tracked:
     def due_at(self) -> float:
         """The plan's release time, or a full grace after a warning that went out late."""
         plan = self.plan
-        return max(plan.execute_at, (self.warned_at or plan.planned_at) + plan.grace)
-
-    def due_with(self, grace: int) -> float:
-        """``due_at`` under the rule's grace now: a grace lengthened since the plan was made
-        applies to it, a shortened one does not (the owners were told the later time)."""
-        return max(self.due_at, (self.warned_at or self.plan.planned_at) + grace)
+        return grace_end(plan.execute_at, self.warned_at or plan.planned_at, plan.grace)
 
 
 @dataclass(frozen=True)
@@ -294,10 +289,20 @@ def effective_mode(plan: Plan, rule: IdleRule | None) -> Mode:
     return "live"
 
 
+def grace_end(execute_at: float, warned_at: float, *graces: int) -> float:
+    """When a plan's grace is over: its own time, or the longest of ``graces`` (the plan's,
+    and its rule's as loaded now) after the warning. A grace lengthened since the warning
+    applies; a shortened one does not (the owners were told the later time)."""
+    return max(execute_at, warned_at + max(graces))
+
+
 def due_time(tracked: Tracked, rule: IdleRule | None) -> float:
-    """When the plan's grace ends under the rule as loaded now (``Tracked.due_with``)."""
-    return tracked.due_at if rule is None or rule.reclaim is None else \
-        tracked.due_with(rule.reclaim.grace)
+    """When the plan's grace ends under the rule as loaded now."""
+    if rule is None or rule.reclaim is None:
+        return tracked.due_at
+    plan = tracked.plan
+    return grace_end(plan.execute_at, tracked.warned_at or plan.planned_at, plan.grace,
+                     rule.reclaim.grace)
 
 
 def verdict(tracked: Tracked, rule: IdleRule | None, samples: ResourceSamples | None,

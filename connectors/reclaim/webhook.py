@@ -76,7 +76,12 @@ def body_of(plan: Plan) -> bytes:
 
 
 class Retry(Exception):
-    """An answer worth trying again (5xx, timeout, no connection)."""
+    """An answer worth trying again (5xx, timeout, no connection); ``unanswered`` when the
+    request was sent and no answer came (the platform may have acted on it)."""
+
+    def __init__(self, reason: str, unanswered: bool = False) -> None:
+        super().__init__(reason)
+        self.unanswered = unanswered
 
 
 @reclaimer("webhook")
@@ -145,8 +150,7 @@ class WebhookReclaimer(ReclaimConnector):
                 return await self._post(session, call, attempt + 1)
             except Retry as exc:
                 problem = str(exc)
-                unanswered = unanswered or problem == "TimeoutError"
-        # A request that timed out reached the platform, which may have acted on it.
+                unanswered = unanswered or exc.unanswered
         maybe = ("; a request went unanswered, so it may have acted: check the target (the "
                  "Idempotency-Key is the plan id)") if unanswered else ""
         return Outcome("failed", f"release API did not accept after {retries + 1} "
@@ -168,7 +172,9 @@ class WebhookReclaimer(ReclaimConnector):
                                     allow_redirects=False) as response:
                 text = (await response.text(errors="replace"))[:MAX_REASON]
                 status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except TimeoutError as exc:  # sent, and no answer in time (aiohttp's own included)
+            raise Retry(type(exc).__name__, unanswered=True) from None
+        except aiohttp.ClientError as exc:
             raise Retry(type(exc).__name__) from None
         if status >= 500:
             raise Retry(f"HTTP {status}")

@@ -71,10 +71,10 @@ RuleSource = RuleSet | Callable[[], RuleSet]
 DEFAULT_COOLDOWN_S = 3600
 DEFAULT_CLAIM_TIMEOUT_S = 900
 WARN_RETRY_S = 30
+"""A plan still ``planned`` this long after it was made lost its warning: send it again."""
 # A release this long after its round read the samples (the releases before it were slow: a
 # webhook retrying, say) reads them again first: the resource may be busy by now.
 RECHECK_AFTER_S = 10.0
-"""A plan still ``planned`` this long after it was made lost its warning: send it again."""
 
 
 class Reclaimer:
