@@ -293,6 +293,17 @@ def identity_digest(row: Mapping[str, str]) -> str:
     return hashlib.sha256(identity(row).encode()).hexdigest()[:32]
 
 
+def pieces_of(event: UsageEvent, hours: list[datetime], micro: int) -> tuple[UsageEvent, ...]:
+    """A row's event as one event per hour (ids ``/0``, ``/1``, …), its amount split exactly."""
+    return tuple(
+        event.model_copy(update={
+            "event_id": f"{event.event_id}/{index}", "ts": rfc3339(hour),
+            "cost": share / MICRO, "quantity": share / MICRO if share > 0 else 0.0})
+        for index, (hour, share) in enumerate(zip(hours, split_micro(micro, len(hours)),
+                                                  strict=True))
+    )
+
+
 def resource_id_of(row: Mapping[str, str]) -> str:
     """ResourceId; rows without one (taxes, support, some data transfer) get a per-service id."""
     found = row.get("ResourceId") or row.get("ResourceName")
@@ -364,7 +375,7 @@ class FocusConverter:
         event = self._event(row, hours[0], micro, currency)
         if len(hours) == 1:
             return Converted(event, micro, scope=scope)
-        return Converted(event, micro, self._pieces(event, hours, micro), scope)
+        return Converted(event, micro, pieces_of(event, hours, micro), scope)
 
     def _still_accruing(self, row: Mapping[str, str]) -> bool:
         """A usage-based charge (or one that does not say) whose period ends after now."""
@@ -399,18 +410,6 @@ class FocusConverter:
             resource_id=resource_id_of(row), resource_type=resource_type_of(category),
             quantity=amount if amount > 0 else 0.0, unit=unit_of(self.currency), cost=amount,
             category=category, charge=self._charge(row, micro), tags=self._tags(row, currency),
-        )
-
-    @staticmethod
-    def _pieces(event: UsageEvent, hours: list[datetime], micro: int
-                ) -> tuple[UsageEvent, ...]:
-        """The row's event as one event per hour, its amount split exactly."""
-        return tuple(
-            event.model_copy(update={
-                "event_id": f"{event.event_id}/{index}", "ts": rfc3339(hour),
-                "cost": share / MICRO, "quantity": share / MICRO if share > 0 else 0.0})
-            for index, (hour, share) in enumerate(zip(hours, split_micro(micro, len(hours)),
-                                                      strict=True))
         )
 
     def _charge(self, row: Mapping[str, str], micro: int) -> ChargeKind:

@@ -38,7 +38,11 @@ def rows_key(namespace: str, row: Row) -> str:
 
 
 def attribution_key(namespace: str, scope: str, row_id: str) -> str:
-    return f"{{{namespace}:focus:scope:{scope}:{_shard(row_id)}}}:attribution"
+    return _attribution_key(namespace, scope, _shard(row_id))
+
+
+def _attribution_key(namespace: str, scope: str, shard: str) -> str:
+    return f"{{{namespace}:focus:scope:{scope}:{shard}}}:attribution"
 
 
 def shapes_key(namespace: str, scope: str) -> str:
@@ -118,7 +122,7 @@ class RowLedger:
         """Every row named under ``scope``."""
         with self.redis.pipeline(transaction=False) as pipe:
             for shard in range(256):
-                pipe.hkeys(f"{{{self.namespace}:focus:scope:{scope}:{shard:02x}}}:attribution")
+                pipe.hkeys(_attribution_key(self.namespace, scope, f"{shard:02x}"))
             found = pipe.execute()
         rows: list[Row] = []
         for fields in found:

@@ -24,12 +24,11 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 
-from costline.connectors.focus import Converted, parse_time, rfc3339
+from costline.connectors.focus import Converted, parse_time, pieces_of
+from costline.connectors.focus_spread import HOUR
 from costline.rules.events import UsageEvent
 
-HOUR = timedelta(hours=1)
 # What most rows of an export share (tags, service, category, unit, charge): kept once per
 # scope as a shape, so a row's attribution is its hours, time, shape and resource.
 _OWN = {"event_id", "ts", "resource_id", "cost", "quantity"}
@@ -68,12 +67,8 @@ def rebuilt(row_id: str, text: str, shapes: Mapping[str, str], scope: str) -> Co
         **json.loads(shapes[shape_id]), "event_id": row_id, "ts": ts,
         "resource_id": resource_id, "cost": 0.0, "quantity": 0.0}))
     start = parse_time(ts)
-    pieces = tuple(
-        event.model_copy(update={"event_id": f"{row_id}/{index}",
-                                 "ts": rfc3339(start + index * HOUR)})
-        for index in range(int(hours))
-    )
-    return Converted(event, 0, pieces, scope)
+    spread = [start + index * HOUR for index in range(int(hours))]
+    return Converted(event, 0, pieces_of(event, spread, 0) if spread else (), scope)
 
 
 def missing(named: Iterable[Row], held: set[Row], skipped_ids: set[str]) -> list[Row]:

@@ -39,6 +39,12 @@ def row_key(row: Converted) -> tuple[str, str]:
     return str(row.event.ts)[:7], row.event.event_id
 
 
+def on_another_bill(row: Converted, state: RowState | None) -> bool:
+    """A row the memory knows, on another export's bill than the one that last held it: that
+    export's now (to name it under, and to withdraw it should it go missing)."""
+    return state is not None and bool(row.scope) and state.scope != row.scope
+
+
 class Chunks:
     """What the import hands converted rows to: gathered into chunks of ``CHUNK_ROWS``, each
     full chunk flushed at once, the last one by the caller."""
@@ -46,7 +52,6 @@ class Chunks:
     def __init__(self, tally: ImportTally, basis: CostBasis) -> None:
         self.tally, self.basis = tally, basis.value
         self.pending: list[Converted] = []
-        self.held: set[tuple[str, str]] = set()  # every row taken: what --complete keeps
 
     def add(self, row: Converted) -> None:
         self.pending.append(row)
@@ -56,9 +61,7 @@ class Chunks:
     def take(self) -> tuple[list[Converted], list[tuple[str, str]]]:
         """The chunk's rows and their places in the memory; the next chunk starts empty."""
         rows, self.pending = self.pending, []
-        keys = [row_key(row) for row in rows]
-        self.held.update(keys)
-        return rows, keys
+        return rows, [row_key(row) for row in rows]
 
     def flush(self) -> None:
         raise NotImplementedError
@@ -77,17 +80,22 @@ class Delivery(Chunks):
         super().__init__(tally, basis)
         self.stream, self.ledger, self.summary = stream, ledger, summary
         self.complete = complete
+        self.held: set[Key] = set()  # with --complete, every row the files hold
 
     def flush(self) -> None:
-        self.deliver(*self.take())
+        rows, keys = self.take()
+        if self.complete:
+            self.held.update(keys)
+        self.deliver(rows, keys)
 
     def withdraw(self, scopes: Mapping[str, str], skipped_ids: set[str],
                  max_percent: float = 100.0) -> None:
         """``--complete``: withdraw every row named under ``scopes`` (scope → label) that no
         chunk held (nor the files skipped), a chunk at a time, written ahead as any step is.
         A scope missing more than ``max_percent`` of its named rows withdraws none: files
-        cut short look like that. A dry run that read the memory tallies what it would do."""
-        if self.ledger is None:
+        cut short look like that. A dry run that read the memory tallies what it would do.
+        Only a complete delivery keeps the rows held, so only it withdraws."""
+        if self.ledger is None or not self.complete:
             return
         for scope, label in sorted(scopes.items()):
             named = self.ledger.scope_rows(scope)
@@ -121,9 +129,9 @@ class Delivery(Chunks):
                 continue
             step = next_step(row, self.basis, state)
             self.tally.count(None if step is None else step[0], revised=state is not None)
-            elsewhere = was is not None and bool(row.scope) and was.scope != row.scope
-            if elsewhere and was is not None and was.scope:
-                moved.append((was.scope, key))  # on another export's bill than before
+            elsewhere = on_another_bill(row, was)
+            if was is not None and elsewhere and was.scope:
+                moved.append((was.scope, key))  # taken from under the export that held it
             if step is not None:
                 ahead = (state or RowState(self.basis, None)).sending(row.micro)
                 steps.append((key, ahead.held_by(row.scope), *step))
@@ -239,9 +247,8 @@ class Recording(Chunks):
                               replace=False)
         new = [(key, RowState(self.basis, row.micro, scope=row.scope))
                for key, row, state in zip(keys, rows, states, strict=True) if state is None]
-        # A row the memory knows, on another export's bill than before: that export's now.
         elsewhere = [(key, row, state) for key, row, state in zip(keys, rows, states, strict=True)
-                     if state is not None and row.scope and state.scope != row.scope]
+                     if state is not None and on_another_bill(row, state)]
         self.ledger.write([*new, *((key, state.held_by(row.scope))
                                    for key, row, state in elsewhere)])
         self.ledger.unname((state.scope, key) for key, _, state in elsewhere if state.scope)
