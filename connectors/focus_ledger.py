@@ -12,7 +12,9 @@ Each row with a billing period is also named under its export (``focus.billing_s
 ``{NS:focus:scope:<scope>:SS}:attribution`` maps ``<month>\t<row id>`` to what
 ``focus_withdrawal`` needs to withdraw the row should a later export of its billing period no
 longer hold it (its hours, time, resource and shape), and ``{NS:focus:scope:<scope>}:shapes``
-the shapes (tags, service, charge) by id. Kept as long as the states.
+the shapes (tags, service, charge) by id. ``{NS:focus:YYYY-MM}:shapes`` keeps, by id, the
+shapes the month's rows are counted under (``focus_shape``): a row a later export restates
+under another one is moved from it. Kept as long as the states.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from costline.connectors.focus_revision import RowState
+from costline.connectors.focus_shape import Shape
 from costline.connectors.focus_withdrawal import Attribution
 from costline.connectors.redis_client import RedisClient
 
@@ -49,6 +52,10 @@ def shapes_key(namespace: str, scope: str) -> str:
     return f"{{{namespace}:focus:scope:{scope}}}:shapes"
 
 
+def counted_shapes_key(namespace: str, month: str) -> str:
+    return f"{{{namespace}:focus:{month}}}:shapes"
+
+
 def _shard(row_id: str) -> str:
     return hashlib.blake2b(row_id.encode(), digest_size=1).hexdigest()
 
@@ -62,6 +69,7 @@ class RowLedger:
 
     def __init__(self, redis: RedisClient, namespace: str) -> None:
         self.redis, self.namespace = redis, namespace
+        self._kept: set[tuple[str, str]] = set()  # (month, shape id) kept by this import
 
     def states(self, rows: Sequence[Row]) -> list[RowState | None]:
         with self.redis.pipeline(transaction=False) as pipe:
@@ -147,6 +155,32 @@ class RowLedger:
         found = self.redis.hmget(shapes_key(self.namespace, scope), ids)
         return {i: _text(value) for i, value in zip(ids, found, strict=True)
                 if value is not None}
+
+    def keep_shapes(self, shapes: Iterable[tuple[str, Shape]]) -> None:
+        """Keep the shapes rows of each month are counted under: (month, shape). A shape
+        this ledger kept already is not written again: its id is its text's digest."""
+        by_key: dict[str, dict[str, str]] = {}
+        for month, kept in shapes:
+            if (month, kept.id) not in self._kept:
+                self._kept.add((month, kept.id))
+                by_key.setdefault(counted_shapes_key(self.namespace, month), {})[kept.id] = \
+                    kept.text
+        self._set(by_key)
+
+    def counted_shapes(self, wanted: Iterable[tuple[str, str]]) -> dict[str, str]:
+        """The texts of the shapes ``keep_shapes`` kept, by id: (month, shape id)."""
+        by_key: dict[str, set[str]] = {}
+        for month, shape_id in wanted:
+            by_key.setdefault(counted_shapes_key(self.namespace, month), set()).add(shape_id)
+        if not by_key:
+            return {}
+        asked = [(key, sorted(ids)) for key, ids in by_key.items()]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key, ids in asked:
+                pipe.hmget(key, ids)
+            found = pipe.execute()
+        return {shape_id: _text(text) for (_, ids), texts in zip(asked, found, strict=True)
+                for shape_id, text in zip(ids, texts, strict=True) if text is not None}
 
     def lock(self) -> Any:
         """redis-py's lock on this namespace's imports (``acquire(blocking=False)`` is False

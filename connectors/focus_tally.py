@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costline.connectors.focus import HELD, Converted, Skipped, SkipReason
+from costline.connectors.focus_revision import Sent
 from costline.rules.money import money_micro
 from costline.rules.prices import format_micro
 
@@ -20,6 +21,7 @@ class ImportTally:
     rows: int = 0
     converted_rows: int = 0
     revised_rows: int = 0  # counted before with another amount: the difference sent
+    moved_rows: int = 0  # of those, counted under another shape (tags, service): moved
     unchanged_rows: int = 0  # counted before with this amount: nothing sent
     other_basis_rows: int = 0  # of those, counted on the other cost basis, which stays
     resent_rows: int = 0  # steps an earlier import left unacknowledged, sent again as they were
@@ -38,30 +40,37 @@ class ImportTally:
     skipped_rows: Counter[SkipReason] = field(default_factory=Counter)
     skipped_micro: dict[SkipReason, Counter[str]] = field(default_factory=dict)
 
-    def count(self, outcome: Converted | Skipped | None, revised: bool = False) -> None:
-        """A row's outcome: what was sent for it (a revision's difference when ``revised``),
-        nothing (``None``) when it was counted before as it is, or why it was skipped."""
+    def count(self, outcome: Converted | Sent | Skipped | None, revised: bool = False,
+              moved: bool = False) -> None:
+        """A row's outcome: what was sent for it (a revision when ``revised``, a move from
+        another shape when ``moved``), nothing (``None``) when it was counted before as it
+        is, or why it was skipped."""
         self.rows += 1
+        if isinstance(outcome, Converted):
+            outcome = (outcome,)
         if outcome is None:
             self.unchanged_rows += 1
-        elif isinstance(outcome, Converted):
+        elif isinstance(outcome, tuple):
             if revised:
                 self.revised_rows += 1
+                self.moved_rows += moved
             else:
                 self.converted_rows += 1
-            self._sent(outcome)
+            for part in outcome:
+                self._sent(part)
         else:
             self.skipped_rows[outcome.reason] += 1
             self.skipped_micro.setdefault(outcome.reason, Counter())[outcome.currency] += \
                 outcome.micro
 
-    def count_withdrawn(self, outcome: Converted | None) -> None:
+    def count_withdrawn(self, outcome: Sent | None) -> None:
         """A row missing from a complete export: what was sent to take it to zero, or
         ``None`` when nothing was (withdrawn before, or counted on the other cost basis)."""
         if outcome is not None:
             self.withdrawn_rows += 1
-            self.withdrawn_micro += outcome.micro
-            self._sent(outcome)
+            for part in outcome:
+                self.withdrawn_micro += part.micro
+                self._sent(part)
 
     def _sent(self, outcome: Converted) -> None:
         self.events += len(outcome.events)
@@ -93,6 +102,7 @@ class ImportTally:
             "rows_counted": self.converted_rows,
             "rows_revised": self.revised_rows,
             "rows_unchanged": self.unchanged_rows,
+            "rows_moved": self.moved_rows,
             "rows_on_other_basis": self.other_basis_rows,
             "rows_resent": self.resent_rows,
             "rows_unsent": self.unsent_rows,

@@ -20,18 +20,12 @@ attribution cannot be rebuilt and is left.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from costline.connectors.focus import Converted, parse_time, pieces_of
+from costline.connectors.focus_shape import Shape, event_in, shape
 from costline.connectors.focus_spread import HOUR
-from costline.rules.events import UsageEvent
-
-# What most rows of an export share (tags, service, category, unit, charge): kept once per
-# scope as a shape, so a row's attribution is its hours, time, shape and resource.
-_OWN = {"event_id", "ts", "resource_id", "cost", "quantity"}
 
 Row = tuple[str, str]  # (month YYYY-MM, row id), as in focus_ledger
 
@@ -39,19 +33,19 @@ Row = tuple[str, str]  # (month YYYY-MM, row id), as in focus_ledger
 @dataclass(frozen=True)
 class Attribution:
     """What the memory keeps to rebuild a row: ``text`` under the row, ``shape`` (JSON)
-    under its digest ``shape_id``, both in the row's scope."""
+    under its digest ``shape_id``, both in the row's scope. What most rows of an export
+    share is their shape (``focus_shape``), kept once per scope."""
 
     text: str
     shape_id: str
     shape: str
 
 
-def attribution(row: Converted) -> Attribution:
-    event = row.event
-    shape = event.model_dump_json(exclude_none=True, exclude=_OWN)
-    shape_id = hashlib.blake2b(shape.encode(), digest_size=8).hexdigest()
-    return Attribution(f"{len(row.pieces)}\t{event.ts}\t{shape_id}\t{event.resource_id}",
-                       shape_id, shape)
+def attribution(row: Converted, kept: Shape | None = None) -> Attribution:
+    """What to keep of ``row`` (whose shape is ``kept``, when the caller has it)."""
+    event, kept = row.event, kept or shape(row)
+    return Attribution(f"{len(row.pieces)}\t{event.ts}\t{kept.id}\t{event.resource_id}",
+                       kept.id, kept.text)
 
 
 def shape_of(text: str) -> str:
@@ -63,9 +57,9 @@ def rebuilt(row_id: str, text: str, shapes: Mapping[str, str], scope: str) -> Co
     """The row ``attribution`` kept, as an export holding it at zero would convert it: its
     event and, when spread, one piece per hour under the same ids."""
     hours, ts, shape_id, resource_id = text.split("\t", 3)
-    event = UsageEvent.model_validate_json(json.dumps({
-        **json.loads(shapes[shape_id]), "event_id": row_id, "ts": ts,
-        "resource_id": resource_id, "cost": 0.0, "quantity": 0.0}))
+    event = event_in(shapes[shape_id], {"event_id": row_id, "ts": ts,
+                                        "resource_id": resource_id, "cost": 0.0,
+                                        "quantity": 0.0})
     start = parse_time(ts)
     spread = [start + index * HOUR for index in range(int(hours))]
     return Converted(event, 0, pieces_of(event, spread, 0) if spread else (), scope)

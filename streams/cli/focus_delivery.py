@@ -9,11 +9,13 @@ no longer hold."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from costline.connectors.focus import Converted, CostBasis
 from costline.connectors.focus_ledger import RowLedger
-from costline.connectors.focus_revision import RowState, next_step, unfinished
+from costline.connectors.focus_revision import RowState, Sent, next_step, unfinished
+from costline.connectors.focus_shape import Shape, shape
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.focus_withdrawal import attribution, missing, rebuilt, shape_of
 from costline.rules.events import UsageEvent
@@ -22,8 +24,10 @@ from costline.streams.cli.produce_cmd import Summary
 CHUNK_ROWS = 2000
 
 Key = tuple[str, str]  # a row's place in the memory: (month, row id)
-# (row, its state while the step is sent, what is sent, its state once Kafka has it)
-Step = tuple[Key, RowState, Converted, RowState]
+# (row, its state while the step is sent, what is sent, its state once Kafka has it, and
+# the shape it is counted under then)
+Step = tuple[Key, RowState, Sent, RowState, Shape]
+Named = tuple[Converted, Key, Shape]  # a row to name under its export, and its shape
 
 
 class Stream(Protocol):
@@ -116,31 +120,44 @@ class Delivery(Chunks):
     def deliver(self, rows: list[Converted], keys: list[Key]) -> None:
         """Each row's next step, and its name under the export that holds it now."""
         before = self._states(keys)
-        states = self._send_unfinished(rows, keys, before)
+        now = [shape(row) for row in rows]
+        shapes = self._counted_shapes(keys, before, now)
+        states = self._send_unfinished(rows, keys, before, shapes)
         steps: list[Step] = []
-        named: list[tuple[Converted, Key]] = []  # as this import has them
-        renamed: list[tuple[Converted, Key]] = []  # named there unless they are
-        unnamed: list[tuple[Converted, Key]] = []  # with --complete, named unless they are
-        rescoped: list[tuple[Key, RowState]] = []
-        moved: list[tuple[str, Key]] = []  # (the export that held it before, row)
-        for row, key, was, state in zip(rows, keys, before, states, strict=True):
+        named: list[Named] = []  # as this import has them
+        renamed: list[Named] = []  # named there unless they are
+        unnamed: list[Named] = []  # with --complete, named unless they are
+        rescoped: list[tuple[Key, RowState]] = []  # states noted without sending anything
+        noted: list[tuple[str, Shape]] = []  # the shapes those name
+        gone: list[tuple[str, Key]] = []  # (the export that held it before, row)
+        for row, key, was, state, own in zip(rows, keys, before, states, now, strict=True):
             if state is not None and state.pending is not None:  # still unacknowledged
                 self.tally.count_unsent()
                 continue
-            step = next_step(row, self.basis, state)
-            self.tally.count(None if step is None else step[0], revised=state is not None)
+            step = next_step(row, self.basis, state, shapes, own)
+            self.tally.count(None if step is None else step[0], revised=state is not None,
+                             moved=step is not None and step[1].moving)
             elsewhere = on_another_bill(row, was)
             if was is not None and elsewhere and was.scope:
-                moved.append((was.scope, key))  # taken from under the export that held it
+                gone.append((was.scope, key))  # taken from under the export that held it
             if step is not None:
-                ahead = (state or RowState(self.basis, None)).sending(row.micro)
-                steps.append((key, ahead.held_by(row.scope), *step))
-                named.append((row, key))
-            elif elsewhere and state is not None:
-                rescoped.append((key, state.held_by(row.scope)))
-                renamed.append((row, key))
+                sent, ahead, done = step
+                steps.append((key, ahead.held_by(row.scope), sent, done, own))
+                named.append((row, key, own))
+                continue
+            if state is not None:
+                kept = state.held_by(row.scope) if elsewhere else state
+                if not state.shape and state.basis == self.basis:
+                    # A state from before shapes were kept: as far as anything says, what
+                    # it counted is under this export's shape.
+                    kept = replace(kept, shape=own.id)
+                    noted.append((key[0], own))
+                if kept is not state:
+                    rescoped.append((key, kept))
+            if elsewhere and state is not None:
+                renamed.append((row, key, own))
             else:
-                unnamed.append((row, key))
+                unnamed.append((row, key, own))
             if state is not None and state.basis != self.basis:
                 self.tally.other_basis_rows += 1
         if self.stream is None:
@@ -148,8 +165,9 @@ class Delivery(Chunks):
         if self.ledger is not None:  # named before anything is sent: a row counted can
             self._name(named, replace=True)  # always be withdrawn
             self._name(renamed + (unnamed if self.complete else []), replace=False)
+            self.ledger.keep_shapes(noted)
             self._write(rescoped)
-            self.ledger.unname(moved)
+            self.ledger.unname(gone)
         self._send_steps(steps)
 
     def _withdraw(self, rows: list[Converted], keys: list[Key], scope: str) -> None:
@@ -163,36 +181,52 @@ class Delivery(Chunks):
         kept = set(here)
         left = [key for i, key in enumerate(keys) if i not in kept]
         rows, keys = [rows[i] for i in here], [keys[i] for i in here]
-        states = self._send_unfinished(rows, keys, [before[i] for i in here])
+        before = [before[i] for i in here]
+        now = [shape(row) for row in rows]
+        shapes = self._counted_shapes(keys, before, now)
+        states = self._send_unfinished(rows, keys, before, shapes)
         steps: list[Step] = []
-        for row, key, state in zip(rows, keys, states, strict=True):
+        for row, key, state, own in zip(rows, keys, states, now, strict=True):
             if state is not None and state.pending is not None:
                 self.tally.count_unsent(read=False)
                 continue
-            step = next_step(row, self.basis, state)
+            step = next_step(row, self.basis, state, shapes, own)
             self.tally.count_withdrawn(None if step is None else step[0])
             if step is None:
                 left.append(key)
             else:
-                assert state is not None
-                steps.append((key, state.sending(row.micro), *step))
+                steps.append((key, step[1], step[0], step[2], own))
         if self.stream is None or self.ledger is None:
             return
         self.ledger.unname((scope, key) for key in left)
         if self._send_steps(steps):
-            self.ledger.unname((scope, key) for key, _, _, _ in steps)
+            self.ledger.unname((scope, step[0]) for step in steps)
 
     def _states(self, keys: list[Key]) -> list[RowState | None]:
         return self.ledger.states(keys) if self.ledger else [None] * len(keys)
 
+    def _counted_shapes(self, keys: list[Key], states: list[RowState | None],
+                        now: list[Shape]) -> dict[str, str]:
+        """The texts of the shapes the rows are under, may move from, or a pending step sends
+        them to (what their states name, read from the memory)."""
+        known = {own.id: own.text for own in now}
+        wanted = {(key[0], named) for key, state in zip(keys, states, strict=True)
+                  if state is not None
+                  for named in (state.shape, state.to) if named and named not in known}
+        if self.ledger is not None and wanted:
+            known.update(self.ledger.counted_shapes(wanted))
+        return known
+
     def _send_unfinished(self, rows: list[Converted], keys: list[Key],
-                         states: list[RowState | None]) -> list[RowState | None]:
+                         states: list[RowState | None], shapes: Mapping[str, str]
+                         ) -> list[RowState | None]:
         """Send again what earlier imports set out and did not see acknowledged, as it was;
         the states once Kafka has it."""
-        again = {index: unfinished(rows[index], state) for index, state in enumerate(states)
+        again = {index: unfinished(rows[index], state, shapes)
+                 for index, state in enumerate(states)
                  if state is not None and state.pending is not None}
-        if not again or (self.stream is not None
-                         and not self._sent([sent for sent, _ in again.values()])):
+        if not again or (self.stream is not None and not self._sent(
+                [part for sent, _ in again.values() for part in sent])):
             return states
         self._write((keys[index], done) for index, (_, done) in again.items())
         self.tally.resent_rows += len(again)
@@ -200,19 +234,22 @@ class Delivery(Chunks):
                 for index, state in enumerate(states)]
 
     def _send_steps(self, steps: list[Step]) -> bool:
-        """Mark each step pending, send it, and count it once Kafka has acknowledged it."""
+        """Keep the shape each step counts its row under, mark the step pending, send it, and
+        count it once Kafka has acknowledged it."""
         if not steps:
             return True
-        self._write((key, ahead) for key, ahead, _, _ in steps)
-        if not self._sent([sent for _, _, sent, _ in steps]):
+        if self.ledger is not None and self.stream is not None:
+            self.ledger.keep_shapes((key[0], own) for key, _, _, _, own in steps)
+        self._write((key, ahead) for key, ahead, _, _, _ in steps)
+        if not self._sent([part for _, _, sent, _, _ in steps for part in sent]):
             return False
-        self._write((key, done) for key, _, _, done in steps)
+        self._write((key, done) for key, _, _, done, _ in steps)
         return True
 
-    def _name(self, rows: list[tuple[Converted, Key]], replace: bool) -> None:
+    def _name(self, rows: list[Named], replace: bool) -> None:
         if self.ledger is not None:
-            self.ledger.attribute([(row.scope, key, attribution(row))
-                                   for row, key in rows if row.scope], replace=replace)
+            self.ledger.attribute([(row.scope, key, attribution(row, own))
+                                   for row, key, own in rows if row.scope], replace=replace)
 
     def _sent(self, rows: list[Converted]) -> bool:
         """Send the rows' events; True once Kafka has acknowledged every one of them."""
@@ -242,15 +279,18 @@ class Recording(Chunks):
     def flush(self) -> None:
         rows, keys = self.take()
         states = self.ledger.states(keys)
-        self.ledger.attribute([(row.scope, key, attribution(row))
-                               for row, key in zip(rows, keys, strict=True) if row.scope],
-                              replace=False)
-        new = [(key, RowState(self.basis, row.micro, scope=row.scope))
-               for key, row, state in zip(keys, rows, states, strict=True) if state is None]
+        now = [shape(row) for row in rows]
+        self.ledger.attribute([(row.scope, key, attribution(row, own))
+                               for row, key, own in zip(rows, keys, now, strict=True)
+                               if row.scope], replace=False)
+        new = [(key, row, own) for key, row, state, own in zip(keys, rows, states, now,
+                                                               strict=True) if state is None]
+        self.ledger.keep_shapes((key[0], own) for key, _, own in new)
         elsewhere = [(key, row, state) for key, row, state in zip(keys, rows, states, strict=True)
                      if state is not None and on_another_bill(row, state)]
-        self.ledger.write([*new, *((key, state.held_by(row.scope))
-                                   for key, row, state in elsewhere)])
+        self.ledger.write([*((key, RowState(self.basis, row.micro, scope=row.scope,
+                                            shape=own.id)) for key, row, own in new),
+                           *((key, state.held_by(row.scope)) for key, row, state in elsewhere)])
         self.ledger.unname((state.scope, key) for key, _, state in elsewhere if state.scope)
         self.tally.rows += len(rows)
         self.tally.recorded_rows += len(new)

@@ -257,8 +257,10 @@ class ImportReport:
             typer.echo(f"  {_count(tally.unchanged_rows, 'row')} as an earlier import counted "
                        f"them{other}: nothing sent")
         if tally.revised_rows:
+            moved = f"; {tally.moved_rows:,} under other tags or category now, moved there" \
+                if tally.moved_rows else ""
             typer.echo(f"  {_count(tally.revised_rows, 'row')} revised since an earlier import: "
-                       "the difference sent as an adjustment")
+                       f"the difference sent as an adjustment{moved}")
         if tally.missing_rows:
             verb = "would withdraw" if self.dry_run else "withdrew"
             typer.echo(f"  {_count(tally.missing_rows, 'row')} counted before missing from this "

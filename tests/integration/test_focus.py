@@ -393,6 +393,36 @@ def test_a_complete_export_withdraws_the_rows_it_no_longer_holds(
     assert refused.returncode == 2 and "BillingPeriodStart" in refused.stderr
 
 
+def test_a_row_restated_under_other_tags_moves_its_money(bills: Any, tmp_path: Path) -> None:
+    """A provider backfills a cost allocation tag on a row it billed: the next import moves
+    what the row counted from the old tags to the new ones, so spend by tag follows the bill
+    and the total stays."""
+    bill = bills()
+    august = ["--period", "month", "--at", "2024-08-20T00:00:00Z"]
+    rows = [{**_row("2024-08-10 10:00:00", "10", currency="USD"), "Tags": '{"team": "infra"}'},
+            {**_row("2024-08-11 10:00:00", "4", currency="USD"), "Tags": '{"team": "eval"}'}]
+    bill.import_focus(_file(tmp_path / "first.csv", rows))
+    assert {k: v["cost"] for k, v in bill.spend("team", *august).items()} == {
+        "infra": 10_000_000, "eval": 4_000_000}
+
+    restated = [{**rows[0], "Tags": '{"team": "pretrain", "cost_center": "r&d"}'},
+                {**rows[1], "EffectiveCost": "4.5", "BilledCost": "4.5"}]
+    preview = cli_json(bill.env, "import", "focus", str(_file(tmp_path / "restated.csv",
+                                                                  restated)), "--dry-run")
+    assert (preview["rows_revised"], preview["rows_moved"], preview["cost_total"]) == (
+        2, 1, "0.500000")
+    done = bill.import_focus(tmp_path / "restated.csv")
+    assert (done["rows_revised"], done["rows_moved"], done["sent_events"]) == (2, 1, 3)
+    by_team = bill.spend("team", *august)
+    assert {k: v["cost"] for k, v in by_team.items() if v["cost"]} == {
+        "pretrain": 10_000_000, "eval": 4_500_000}
+    assert by_team["infra"] == {"cost": 0, "gross": 10_000_000, "credits": 10_000_000}
+    assert {k: v["cost"] for k, v in bill.spend("cost_center", *august).items()
+            if v["cost"]} == {"r&d": 10_000_000, "": 4_500_000}
+    again = bill.import_focus(tmp_path / "restated.csv")
+    assert (again["rows_unchanged"], again["sent_events"]) == (2, 0)
+
+
 # -- out ----------------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import pytest
 from costline.connectors.focus import Converted, CostBasis, FocusConverter
 from costline.connectors.focus_ledger import RowLedger
 from costline.connectors.focus_revision import RowState
+from costline.connectors.focus_shape import shape
 from costline.connectors.focus_withdrawal import attribution, rebuilt
 from costline.connectors.redis_client import connect
 from costline.streams.cli.focus_delivery import row_key
@@ -53,6 +54,11 @@ def test_named_rows_read_back_whole_per_scope(any_redis_url: str) -> None:
                     (original[k].event.event_id, original[k].event.ts, original[k].event.tags, 0)
                     for k in named]
             assert ledger.states([row_key(rows[7])]) == [RowState("effective", 7_500_000)]
+            kept = {shape(r) for r in rows}
+            ledger.keep_shapes((row_key(r)[0], shape(r)) for r in rows)
+            wanted = [("2024-09", k.id) for k in kept] + [("2024-09", "0" * 16),
+                                                           ("2024-08", next(iter(kept)).id)]
+            assert ledger.counted_shapes(wanted) == {k.id: k.text for k in kept}
             ledger.unname([(rows[7].scope, row_key(rows[7]))])
             assert row_key(rows[7]) not in ledger.scope_rows(rows[7].scope)
             assert len(ledger.scope_rows(rows[7].scope)) == len(by_scope[rows[7].scope]) - 1

@@ -10,6 +10,7 @@ import pytest
 
 from costline.connectors.focus import Converted, CostBasis, FocusConverter
 from costline.connectors.focus_revision import RowState, next_step, unfinished
+from costline.connectors.focus_shape import shape
 from costline.connectors.focus_tally import ImportTally
 from costline.rules.events import ChargeKind, Parsed, UsageEvent, dump_event, parse_message
 from costline.streams.cli.focus_delivery import Delivery, Recording
@@ -33,14 +34,20 @@ def micro_of(event: UsageEvent) -> int:
 
 
 def test_the_states_round_trip() -> None:
-    for state in (RowState("effective", None, 0, 5), RowState("billed", -3, 2, None)):
+    for state in (RowState("effective", None, 0, 5), RowState("billed", -3, 2, None),
+                  RowState("billed", 4, 1, None, "", "ab12"),
+                  RowState("billed", 4, 1, 6, "sc", "ab12", "cd34")):
         assert RowState.decode(state.encode()) == state
+    # States written before the export or the shape were kept read as not knowing them.
+    assert RowState.decode("billed:4:1:") == RowState("billed", 4, 1)
+    assert RowState.decode("billed:4:1::sc") == RowState("billed", 4, 1, scope="sc")
 
 
 def test_a_new_row_is_sent_whole_and_the_same_again_sends_nothing() -> None:
     first = converted()
-    sent, done = next_step(first, "effective", None)  # type: ignore[misc]
-    assert sent is first and done == RowState("effective", 10_250_000)
+    (sent,), ahead, done = next_step(first, "effective", None)  # type: ignore[misc]
+    assert sent is first and done == RowState("effective", 10_250_000, shape=shape(first).id)
+    assert ahead == RowState("effective", None, pending=10_250_000, to=shape(first).id)
     assert next_step(converted(), "effective", done) is None
     assert next_step(converted(), "billed", done) is None  # the first basis stays
 
@@ -53,10 +60,12 @@ def test_a_new_row_is_sent_whole_and_the_same_again_sends_nothing() -> None:
 def test_a_revised_row_sends_its_difference_as_an_adjustment(
         before: str, now: str, delta: int) -> None:
     first = converted(before)
-    step = next_step(converted(now), "effective", RowState("effective", first.micro, 3))
+    step = next_step(converted(now), "effective",
+                     RowState("effective", first.micro, 3, shape=shape(first).id))
     assert step is not None
-    sent, done = step
-    assert (sent.micro, done) == (delta, RowState("effective", first.micro + delta, 4))
+    (sent,), _, done = step
+    assert (sent.micro, done) == (delta, RowState("effective", first.micro + delta, 4,
+                                                  shape=shape(first).id))
     assert (sent.event.event_id, sent.event.charge) == (first.event.event_id + ":r4",
                                                         ChargeKind.adjustment)
     assert (sent.event.ts, sent.event.tags, len(sent.events)) == (first.event.ts,
@@ -67,17 +76,17 @@ def test_a_revised_row_sends_its_difference_as_an_adjustment(
 def test_an_unfinished_step_is_sent_again_as_it_was() -> None:
     """The export changed since (15), but what was set out (12) goes again, under its ids."""
     now = converted("15", spread=True, ChargePeriodEnd="2024-09-19 00:00:00")
-    whole, done = unfinished(now, RowState("effective", None, 0, 12_000_000))
+    (whole,), done = unfinished(now, RowState("effective", None, 0, 12_000_000), {})
     assert [e.event_id for e in whole.events] == [e.event_id for e in now.events]
     assert sum(micro_of(e) for e in whole.events) == 12_000_000
-    assert done == RowState("effective", 12_000_000)
-    again, done = unfinished(now, RowState("effective", 10_000_000, 2, 12_000_000))
+    assert done == RowState("effective", 12_000_000, shape=shape(now).id)
+    (again,), done = unfinished(now, RowState("effective", 10_000_000, 2, 12_000_000), {})
     assert (again.event.event_id, micro_of(again.event)) == (now.event.event_id + ":r3",
                                                              2_000_000)
     assert [e.event_id for e in again.events] == \
         [f"{now.event.event_id}:r3/{i}" for i in range(len(now.events))]
     assert sum(micro_of(e) for e in again.events) == 2_000_000
-    assert done == RowState("effective", 12_000_000, 3)
+    assert done == RowState("effective", 12_000_000, 3, shape=shape(now).id)
 
 
 def test_a_spread_rows_difference_is_spread_over_its_hours() -> None:
@@ -86,13 +95,15 @@ def test_a_spread_rows_difference_is_spread_over_its_hours() -> None:
     before = converted("24", spread=True, **day)
     now = converted("48.000024", spread=True, **day)
     assert len(now.events) == 24
-    sent, _ = next_step(now, "effective", RowState("effective", before.micro))  # type: ignore[misc]
+    (sent,), _, _ = next_step(now, "effective",  # type: ignore[misc]
+                              RowState("effective", before.micro))
     assert [(e.ts, e.charge) for e in sent.events] == \
         [(e.ts, ChargeKind.adjustment) for e in now.events]
     hourly = [micro_of(a) + micro_of(b) for a, b in zip(before.events, sent.events, strict=True)]
     assert hourly == [micro_of(e) for e in now.events]  # 2.000001 an hour
     # A difference smaller than a micro-unit an hour lands where the split puts it.
-    tiny, _ = next_step(now, "effective", RowState("effective", now.micro - 5))  # type: ignore[misc]
+    (tiny,), _, _ = next_step(now, "effective",  # type: ignore[misc]
+                              RowState("effective", now.micro - 5))
     assert [(e.event_id, micro_of(e)) for e in tiny.events] == \
         [(f"{now.event.event_id}:r1/23", 5)]
 
@@ -104,6 +115,15 @@ class Memory:
         self.held: dict[tuple[str, str], RowState] = {}
         self.named: dict[str, dict[tuple[str, str], str]] = {}
         self.shaped: dict[str, dict[str, str]] = {}
+        self.counted: dict[tuple[str, str], str] = {}  # (month, shape id) → its text
+
+    def keep_shapes(self, shapes: Any) -> None:
+        for month, kept in shapes:
+            self.counted[month, kept.id] = kept.text
+
+    def counted_shapes(self, wanted: Any) -> dict[str, str]:
+        return {shape_id: self.counted[month, shape_id] for month, shape_id in wanted
+                if (month, shape_id) in self.counted}
 
     def states(self, rows: list[tuple[str, str]]) -> list[RowState | None]:
         return [self.held.get(key) for key in rows]
@@ -132,24 +152,36 @@ class Memory:
 
 
 class Kafka:
-    """Takes events and, on flush, hands them to a worker that counts each id once, or fails
-    them all (``down``)."""
+    """Takes events and, on flush, hands them to a worker that counts each id once (keeping
+    the first copy's tags), or fails them all (``down``), or counts them and fails to say so
+    (``unanswered``: the broker took them, the acknowledgement was lost)."""
 
     def __init__(self, summary: Summary) -> None:
-        self.summary, self.down = summary, False
+        self.summary, self.down, self.unanswered = summary, False, False
         self.flight: list[UsageEvent] = []
         self.counted: dict[str, int] = {}
+        self.tags: dict[str, dict[str, str]] = {}
 
     def emit(self, event: UsageEvent) -> None:
         self.flight.append(event)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         for event in self.flight:
-            if self.down:
-                self.summary.failed(ConnectionError("broker away"))
-            else:
+            if not self.down:
                 self.counted.setdefault(event.event_id, micro_of(event))
+                self.tags.setdefault(event.event_id, dict(event.tags))
+            if self.down or self.unanswered:
+                self.summary.failed(ConnectionError("broker away"))
         self.flight = []
+
+    def by(self, tag: str) -> dict[str, int]:
+        """What the worker counted by the value of ``tag`` (``""``: without it), zeros left
+        out."""
+        totals: dict[str, int] = {}
+        for event_id, micro in self.counted.items():
+            value = self.tags[event_id].get(tag, "")
+            totals[value] = totals.get(value, 0) + micro
+        return {value: micro for value, micro in sorted(totals.items()) if micro}
 
 
 def test_the_worker_ends_with_the_latest_amount_whatever_kafka_did() -> None:

@@ -1,0 +1,167 @@
+"""A bill row restated under other tags (or another service category) keeps its id,
+so a later import moves what it counted: minus under the shape it was counted under, plus under
+the row's shape now. Whatever Kafka acknowledges, in whatever order the exports come, what a
+worker that counts each event id once holds by tag is the latest export's."""
+
+from __future__ import annotations
+
+from costline.connectors.focus import Converted, CostBasis, FocusConverter
+from costline.connectors.focus_revision import RowState, next_step
+from costline.connectors.focus_shape import row_in, shape
+from costline.rules.events import ChargeKind
+from costline.streams.cli.focus_delivery import row_key
+from tests.unit.test_focus import NOW
+from tests.unit.test_focus_revision import micro_of
+from tests.unit.test_focus_withdrawal import Account, bill_row
+
+
+def team(name: str) -> str:
+    return f'{{"team": "{name}"}}'
+
+
+def test_a_row_restated_under_other_tags_moves_its_money_there() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10", Tags=team("pretrain")),
+                     bill_row("i-2", "4", Tags=team("eval"))], complete=False)
+    assert account.kafka.by("team") == {"eval": 4_000_000, "pretrain": 10_000_000}
+    flight_before = set(account.kafka.counted)
+
+    tally = account.import_([bill_row("i-1", "10", Tags=team("posttrain")),
+                             bill_row("i-2", "4", Tags=team("eval"))], complete=False)
+    assert account.kafka.by("team") == {"eval": 4_000_000, "posttrain": 10_000_000}
+    assert (tally.revised_rows, tally.moved_rows, tally.unchanged_rows, tally.events,
+            tally.cost_micro) == (1, 1, 1, 2, 0)
+    sent = {k: account.kafka.tags[k]["team"] for k in account.kafka.counted
+            if k not in flight_before}
+    assert sorted(sent.items()) == sorted({
+        next(k for k in sent if k.endswith(":r1")): "pretrain",
+        next(k for k in sent if k.endswith(":r2")): "posttrain"}.items())
+    assert all(account.kafka.counted[k] for k in sent)  # -10 then +10, as adjustments
+
+    again = account.import_([bill_row("i-1", "12", Tags=team("posttrain"))], complete=False)
+    assert (again.moved_rows, account.kafka.by("team")) == (
+        0, {"eval": 4_000_000, "posttrain": 12_000_000})
+
+
+def test_a_move_with_a_new_amount_and_back_leaves_each_tag_at_the_latest_export() -> None:
+    account = Account()
+    for tags, cost in ((team("a"), "10"), (team("b"), "12.5"), (team("a"), "3"),
+                       ('{"team": "a", "owner": "kim"}', "3"), ("{}", "-1")):
+        account.import_([bill_row("i-1", cost, Tags=tags)], complete=False)
+        expected = {"": -1_000_000} if tags == "{}" else {tags[10]: round(float(cost) * 1e6)}
+        assert account.kafka.by("team") == expected
+    assert account.kafka.by("owner") == {"": -1_000_000}
+
+
+def test_split_lines_that_swap_their_tags_keep_each_tags_money() -> None:
+    """Two lines of one identity, numbered by their order: reordered, each line moves."""
+    account = Account()
+    account.import_([bill_row("i-1", "5", Tags=team("a")), bill_row("i-1", "3", Tags=team("b"))],
+                    complete=False)
+    tally = account.import_([bill_row("i-1", "3", Tags=team("b")),
+                             bill_row("i-1", "5", Tags=team("a"))], complete=False)
+    assert (tally.moved_rows, account.kafka.by("team")) == (2, {"a": 5_000_000, "b": 3_000_000})
+
+
+def test_a_row_moved_and_then_missing_is_withdrawn_from_where_it_is_counted() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10", Tags=team("a")), bill_row("i-2", "4", Tags=team("b"))])
+    account.import_([bill_row("i-1", "10", Tags=team("a")), bill_row("i-2", "6", Tags=team("c"))])
+    assert account.kafka.by("team") == {"a": 10_000_000, "c": 6_000_000}
+    tally = account.import_([bill_row("i-1", "10", Tags=team("a"))])
+    assert (tally.withdrawn_rows, tally.withdrawn_micro) == (1, -6_000_000)
+    assert account.kafka.by("team") == {"a": 10_000_000}
+
+
+def test_a_move_kafka_did_not_acknowledge_goes_again_as_it_was() -> None:
+    """Set out from a to b, taken by the broker without a word: the next import, whose export
+    says c, sends the a-to-b move again under the same ids and tags (counted once), then b to
+    c."""
+    for unanswered in (False, True):
+        account = Account()
+        account.import_([bill_row("i-1", "10", Tags=team("a"))], complete=False)
+        account.kafka.unanswered = unanswered
+        tally = account.import_([bill_row("i-1", "12", Tags=team("b"))], complete=False,
+                                down=not unanswered)
+        assert tally.moved_rows == 1
+        account.kafka.unanswered = False
+        state = next(iter(account.memory.held.values()))
+        assert state.moving and state.pending == 12_000_000
+        tally = account.import_([bill_row("i-1", "7", Tags=team("c"))], complete=False)
+        assert (tally.resent_rows, tally.moved_rows) == (1, 1)
+        assert account.kafka.by("team") == {"c": 7_000_000}
+        assert sum(account.kafka.counted.values()) == 7_000_000
+
+
+def test_a_state_from_before_shapes_were_kept_learns_its_shape_without_sending() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10", Tags=team("a"))], complete=False)
+    key, state = next(iter(account.memory.held.items()))
+    account.memory.held[key] = RowState(state.basis, state.micro, state.step,
+                                        scope=state.scope)  # as an older costline wrote it
+    account.memory.counted.clear()
+    tally = account.import_([bill_row("i-1", "10", Tags=team("a"))], complete=False)
+    assert (tally.unchanged_rows, tally.events) == (1, 0)
+    assert account.memory.held[key].shape == state.shape
+    account.import_([bill_row("i-1", "10", Tags=team("b"))], complete=False)
+    assert account.kafka.by("team") == {"b": 10_000_000}
+
+
+def test_without_the_old_shapes_text_only_the_difference_is_sent() -> None:
+    """The memory lost the shape (its key expired): the row can no longer be moved, and a
+    revision sends the difference under the row's shape, as before shapes were kept."""
+    account = Account()
+    account.import_([bill_row("i-1", "10", Tags=team("a"))], complete=False)
+    account.memory.counted.clear()
+    tally = account.import_([bill_row("i-1", "12", Tags=team("b"))], complete=False)
+    assert (tally.revised_rows, tally.moved_rows) == (1, 0)
+    assert account.kafka.by("team") == {"a": 10_000_000, "b": 2_000_000}
+
+
+def test_a_dry_run_tallies_the_move_and_changes_nothing() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "10", Tags=team("a"))], complete=False)
+    held = dict(account.memory.held)
+    tally = account.import_([bill_row("i-1", "10", Tags=team("b"))], complete=False,
+                            dry_run=True)
+    assert (tally.moved_rows, tally.events) == (1, 2)
+    assert account.memory.held == held and account.kafka.by("team") == {"a": 10_000_000}
+
+
+def test_a_spread_row_moves_hour_by_hour() -> None:
+    day = {"ChargePeriodStart": "2024-09-18 00:00:00", "ChargePeriodEnd": "2024-09-19 00:00:00"}
+    account = Account()
+    account.import_([bill_row("i-1", "24.000005", Tags=team("a"), **day)], complete=False,
+                    spread=True)
+    account.import_([bill_row("i-1", "24.000005", Tags=team("b"), **day)], complete=False,
+                    spread=True)
+    assert account.kafka.by("team") == {"b": 24_000_005}
+    hourly: dict[tuple[str, str], int] = {}
+    for event_id, micro in account.kafka.counted.items():
+        hour = event_id.rsplit("/", 1)[1]
+        where = (account.kafka.tags[event_id]["team"], hour)
+        hourly[where] = hourly.get(where, 0) + micro
+    assert {k: v for k, v in hourly.items() if k[0] == "a" and v} == {}
+    assert hourly[("b", "0")] == 1_000_000 and hourly[("b", "23")] == 1_000_005
+
+
+def test_the_move_is_two_adjustments_under_the_old_and_the_new_shape() -> None:
+    convert = FocusConverter(CostBasis.effective, "USD", now=NOW).convert
+    before = convert(bill_row("i-1", "10", Tags=team("a"), ServiceCategory="Compute"))
+    now = FocusConverter(CostBasis.effective, "USD", now=NOW).convert(
+        bill_row("i-1", "10", Tags=team("b"), ServiceCategory="Storage"))
+    assert isinstance(before, Converted) and isinstance(now, Converted)
+    assert row_key(before) == row_key(now) and shape(before) != shape(now)
+    state = RowState("effective", before.micro, 1, shape=shape(before).id)
+    step = next_step(now, "effective", state, {shape(before).id: shape(before).text})
+    assert step is not None
+    (out, into), ahead, done = step
+    assert [(p.event.event_id, p.event.charge, micro_of(p.event), p.event.tags["team"],
+             str(p.event.category)) for p in (out, into)] == [
+        (f"{now.event.event_id}:r2", ChargeKind.adjustment, -10_000_000, "a", "compute"),
+        (f"{now.event.event_id}:r3", ChargeKind.adjustment, 10_000_000, "b", "storage")]
+    assert (out.event.ts, out.event.resource_id) == (now.event.ts, now.event.resource_id)
+    assert ahead == RowState("effective", before.micro, 1, 10_000_000, shape=shape(before).id,
+                             to=shape(now).id)
+    assert done == RowState("effective", now.micro, 3, scope=now.scope, shape=shape(now).id)
+    assert shape(row_in(shape(before).text, now)) == shape(before)
