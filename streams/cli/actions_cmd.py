@@ -59,9 +59,18 @@ def _saving(record: dict[str, Any]) -> str:
     return ""
 
 
-def status_report(pause: Any, plans: list[Any], now: float) -> dict[str, Any]:
-    """Paused or not, and the open plans: what ``reclaim status --json`` prints."""
+def status_report(pause: Any, plans: list[Any], now: float,
+                  rules: Any | None = None) -> dict[str, Any]:
+    """Paused or not, and the open plans: what ``reclaim status --json`` prints. A plan is
+    due when its grace ends under its rule as loaded now (``rules``: a grace lengthened since
+    the warning applies), or as planned without them."""
     from costline.rules.durations import rfc3339
+    from costline.rules.kinds.idle import IdleRule
+    from costline.rules.reclaim import due_time
+
+    def due(tracked: Any) -> float:
+        rule = rules.get(tracked.plan.rule) if rules is not None else None
+        return due_time(tracked, rule if isinstance(rule, IdleRule) else None)
 
     return {
         "paused": pause is not None,
@@ -71,11 +80,27 @@ def status_report(pause: Any, plans: list[Any], now: float) -> dict[str, Any]:
         "plans": [
             {"plan_id": t.plan.plan_id, "rule": t.plan.rule, "resource_id": t.plan.resource_id,
              "connector": t.plan.connector, "mode": t.plan.mode, "state": t.state,
-             "execute_at": rfc3339(t.plan.execute_at), "due": t.plan.execute_at <= now,
+             "execute_at": rfc3339(due(t)), "due": due(t) <= now,
              "approved_by": t.approved_by}
             for t in plans
         ],
     }
+
+
+def rules_now(ctx: typer.Context) -> Any | None:
+    """The rule set as the worker would load it now, or ``None`` (with a line on stderr)
+    when it does not load: the status still shows the plans, at their planned times."""
+    from costline.connectors.plugins import PLUGINS
+    from costline.rules.loader import RulesInvalid, load_rules
+    from costline.streams.cli.root import settings_of
+
+    settings = settings_of(ctx)
+    try:
+        return load_rules([settings.rules], settings.timezone, plugins=PLUGINS)
+    except RulesInvalid:
+        typer.echo(f"the rules in {settings.rules} do not load (costline rules validate): "
+                   "plans shown at the times they were planned", err=True)
+        return None
 
 
 def acting_user(by: str | None) -> str:
@@ -154,8 +179,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Whether reclamation is paused, and the plans waiting for their grace or approval."""
 
+        rules = rules_now(ctx)
+
         async def read(ledger: Any) -> dict[str, Any]:
-            return status_report(await ledger.paused(), await ledger.plans(), time.time())
+            return status_report(await ledger.paused(), await ledger.plans(), time.time(),
+                                 rules)
 
         report = _with_ledger(ctx, read)
         if as_json:

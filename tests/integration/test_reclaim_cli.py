@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -17,6 +18,7 @@ from costline.streams.cli.root import _register, app
 from tests.integration.slurm import reclaim_redis_url
 
 __all__ = ["reclaim_redis_url"]
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture
@@ -80,3 +82,29 @@ def test_pause_status_resume(runner: CliRunner, any_redis_url: str,
         0, "reclamation was not paused\n")
     assert costline(runner, any_redis_url, namespace, "reclaim", "status")[1].startswith(
         "running")
+
+
+def test_status_gives_the_time_under_the_rule_as_loaded_now(
+        runner: CliRunner, any_redis_url: str, namespace: str, tmp_path: Path) -> None:
+    """A grace lengthened in the rule file since the plan was made applies: the status says
+    when the plan is due now. A rule set that does not load leaves the planned time."""
+    asyncio.run(_one_plan(any_redis_url, namespace))
+    rules = (ROOT / "rules" / "definitions" / "efficiency.yaml").read_text()
+    assert "grace: 15m" in rules
+    lengthened = tmp_path / "rules.yaml"
+    lengthened.write_text(rules.replace("grace: 15m", "grace: 2h"))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("rules: [{name: x}]\n")
+    shown = {}
+    for name, path in (("lengthened", lengthened), ("broken", broken)):
+        done = runner.invoke(app, ["--redis-url", any_redis_url, "--namespace", namespace,
+                                   "reclaim", "status", "--json"],
+                             env={"COSTLINE_RULES": str(path)})
+        assert done.exit_code == 0, done.output
+        [plan] = json.loads(done.stdout)["plans"]
+        shown[name] = (plan["execute_at"], plan["due"])
+        if name == "broken":
+            assert "do not load" in done.stderr
+    # planned at 2026-11-30T08:30:00Z with 15 minutes of grace
+    assert shown == {"lengthened": ("2026-11-30T10:30:00Z", True),
+                     "broken": ("2026-11-30T08:45:00Z", True)}
