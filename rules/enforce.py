@@ -308,6 +308,8 @@ def verdict(tracked: Enforcement, rule: BudgetRule | None, finding: Finding | No
     evaluated since the worker started: without an evaluation the answer is "not yet".
     """
     plan = tracked.plan
+    if now >= plan.period_end:  # a grace that outlasts the period ends with it
+        return Skip(f"the budget period ended at {rfc3339(plan.period_end)}")
     due = due_time(tracked, rule)
     if now < due:
         return Hold(f"grace runs until {rfc3339(due)}")
@@ -315,8 +317,6 @@ def verdict(tracked: Enforcement, rule: BudgetRule | None, finding: Finding | No
     if refused is not None:
         return Skip(refused)
     assert rule is not None and rule.enforce is not None
-    if now >= plan.period_end:
-        return Skip(f"the budget period ended at {rfc3339(plan.period_end)}")
     if not known:
         return Hold("waiting for the rule's next evaluation")
     if finding is None or not triggers(rule, finding, now):

@@ -192,7 +192,9 @@ class Enforcer:
                 await self._reconcile(tracked, at)
             elif tracked.state == "enforced":
                 await self._maintain(tracked, at, paused)
-        due = sorted((t for t in plans if t.state == "warned" and at >= t.due_at),
+        # Due once its grace or its budget period ends, whichever comes first.
+        due = sorted((t for t in plans if t.state == "warned"
+                      and at >= min(t.due_at, t.plan.period_end)),
                      key=lambda t: (t.plan.rule, t.due_at, t.plan.plan_id))
         for name, group in groupby(due, key=lambda t: t.plan.rule):
             await self._settle(name, list(group), at, paused)

@@ -198,6 +198,19 @@ def test_a_grace_lengthened_after_the_warning_is_waited_for() -> None:
     assert world.slurm.applied == ["pretrain"]
 
 
+def test_a_grace_that_outlasts_the_budget_period_ends_with_it() -> None:
+    world = World()
+    world.rules = load_rule_text(
+        RULES.replace("grace: 10m", "grace: 2d") % {"limit": 100, "extra": "", "mode": "live"},
+        plugins=PLUGINS)
+    world.run(finding("pretrain", 120))
+    assert world.steps() == [("team=pretrain", "planned"), ("team=pretrain", "warned")]
+    world.run(at=period_bounds(T0, "day", "UTC")[1] + MIN)  # the grace runs two more days
+    assert world.steps()[-1] == ("team=pretrain", "skipped")
+    assert "the budget period ended" in world.sent[-1]["reason"]
+    assert world.slurm.applied == []
+
+
 def test_the_period_rolling_over_lifts_and_restores_the_value_before() -> None:
     world = World()
     world.run(finding("pretrain", 120))
