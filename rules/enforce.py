@@ -126,8 +126,7 @@ class Enforcement:
     @property
     def due_at(self) -> float:
         """When it may be enforced: a full grace after a warning that went out late too."""
-        plan = self.plan
-        return grace_end(plan.execute_at, self.warned_at or plan.planned_at, plan.grace)
+        return grace_end(self.plan, self.warned_at)
 
 
 @dataclass(frozen=True)
@@ -293,11 +292,9 @@ def interrupted_refusal(tracked: Enforcement, rule: BudgetRule | None, *, paused
 
 def due_time(tracked: Enforcement, rule: BudgetRule | None) -> float:
     """When the plan's grace ends under the rule as loaded now (``reclaim.grace_end``)."""
-    if rule is None or rule.enforce is None:
-        return tracked.due_at
-    plan = tracked.plan
-    return grace_end(plan.execute_at, tracked.warned_at or plan.planned_at, plan.grace,
-                     rule.enforce.grace)
+    enforce = rule.enforce if rule is not None else None
+    return grace_end(tracked.plan, tracked.warned_at,
+                     enforce.grace if enforce is not None else None)
 
 
 def verdict(tracked: Enforcement, rule: BudgetRule | None, finding: Finding | None,

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from zoneinfo import ZoneInfo
 
 from costline.rules.durations import format_duration, rfc3339
@@ -122,8 +122,7 @@ class Tracked:
     @property
     def due_at(self) -> float:
         """The plan's release time, or a full grace after a warning that went out late."""
-        plan = self.plan
-        return grace_end(plan.execute_at, self.warned_at or plan.planned_at, plan.grace)
+        return grace_end(self.plan, self.warned_at)
 
 
 @dataclass(frozen=True)
@@ -289,20 +288,33 @@ def effective_mode(plan: Plan, rule: IdleRule | None) -> Mode:
     return "live"
 
 
-def grace_end(execute_at: float, warned_at: float, *graces: int) -> float:
-    """When a plan's grace is over: its own time, or the longest of ``graces`` (the plan's,
-    and its rule's as loaded now) after the warning. A grace lengthened since the warning
-    applies; a shortened one does not (the owners were told the later time)."""
-    return max(execute_at, warned_at + max(graces))
+class Graced(Protocol):
+    """A plan with a grace: of a reclamation, an enforcement or a checkpoint's lifecycle."""
+
+    @property
+    def execute_at(self) -> float: ...
+
+    @property
+    def planned_at(self) -> float: ...
+
+    @property
+    def grace(self) -> int: ...
+
+
+def grace_end(plan: Graced, warned_at: float | None, rule_grace: int | None = None) -> float:
+    """When a plan's grace is over: its own time, or a full grace after a warning that went
+    out late, with the grace of its rule as loaded now (``rule_grace``; ``None``: no such
+    rule) when that is longer. A grace lengthened since the warning applies; a shortened one
+    does not (the owners were told the later time)."""
+    grace = plan.grace if rule_grace is None else max(plan.grace, rule_grace)
+    return max(plan.execute_at, (warned_at or plan.planned_at) + grace)
 
 
 def due_time(tracked: Tracked, rule: IdleRule | None) -> float:
     """When the plan's grace ends under the rule as loaded now."""
-    if rule is None or rule.reclaim is None:
-        return tracked.due_at
-    plan = tracked.plan
-    return grace_end(plan.execute_at, tracked.warned_at or plan.planned_at, plan.grace,
-                     rule.reclaim.grace)
+    reclaim = rule.reclaim if rule is not None else None
+    return grace_end(tracked.plan, tracked.warned_at,
+                     reclaim.grace if reclaim is not None else None)
 
 
 def verdict(tracked: Tracked, rule: IdleRule | None, samples: ResourceSamples | None,

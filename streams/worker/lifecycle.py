@@ -54,6 +54,7 @@ from costline.rules.reclaim import (
     Skip,
     Tracked,
     cap_breach,
+    grace_end,
     plan_id_for,
 )
 from costline.rules.state import StateView, matches
@@ -124,6 +125,12 @@ class CheckpointKeeper:
     def _rule(self, name: str) -> CheckpointLifecycleRule | None:
         found = self._ruleset().get(name)
         return found if isinstance(found, CheckpointLifecycleRule) and found.act else None
+
+    def _due(self, tracked: Tracked) -> float:
+        """When the plan's grace ends under its rule as loaded now (``grace_end``)."""
+        rule = self._rule(tracked.plan.rule)
+        act = rule.act if rule is not None else None
+        return grace_end(tracked.plan, tracked.warned_at, act.grace if act is not None else None)
 
     # ── the tick ──────────────────────────────────────────────────────────────────────────
 
@@ -213,7 +220,7 @@ class CheckpointKeeper:
         for tracked in due:
             plan = tracked.plan
             manual = safety_of(plan.params).approval == "manual"
-            verdict = recheck(retention, plan, tracked.due_at, runs.get(plan.target["run"], []),
+            verdict = recheck(retention, plan, self._due(tracked), runs.get(plan.target["run"], []),
                               restores, pins, now, paused=paused,
                               approved=tracked.approved_by is not None, manual=manual)
             if isinstance(verdict, Skip):
@@ -295,7 +302,7 @@ class CheckpointKeeper:
         tracked = await self._ledger.get(holder) if holder else None
         if tracked is None or not await self._ledger.approve(tracked.plan.plan_id, by):
             raise LookupError(f"no planned action on {checkpoint_id} for rule {rule}")
-        return tracked.due_at
+        return self._due(tracked)
 
     async def flush(self) -> list[dict[str, Any]]:
         """Hand the outbox to the sink, oldest first; stop at the first refusal."""

@@ -82,6 +82,22 @@ async def test_expired_checkpoints_are_deleted_after_the_grace_and_a_re_check(
     assert len([r for r in world.records if r["step"] == "executed"]) == 3
 
 
+async def test_a_grace_lengthened_after_the_announcement_is_waited_for(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    await world.tick(NOW)
+    lengthened = rule(kind="checkpoint_lifecycle", name="retention", keep_last=2, mode="live",
+                      expire_after="1d",
+                      act={"connector": "filesystem", "grace": "1h", "root": str(tmp_path)})
+    world.keeper = CheckpointKeeper(
+        rules=RuleSet([lengthened]), state=world.state, changes=world.state,
+        ledger=world.ledger, prices=PRICES, sink=world.sink,
+        connectors={"filesystem": FilesystemCheckpoints()}, clock=lambda: world.now)
+    await world.tick(NOW + 600)  # the announced grace is over, the rule's is not
+    assert world.left() == [f"step-{i}" for i in range(1, 6)]
+    await world.tick(NOW + HOUR)
+    assert world.left() == ["step-4", "step-5"]
+
+
 async def test_the_kind_is_a_dry_run_unless_it_says_live(tmp_path: Path) -> None:
     world = World(tmp_path, mode="dry_run")
     await world.tick(NOW)
