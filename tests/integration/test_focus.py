@@ -423,6 +423,43 @@ def test_a_row_restated_under_other_tags_moves_its_money(bills: Any, tmp_path: P
     assert (again["rows_unchanged"], again["sent_events"]) == (2, 0)
 
 
+def test_the_sample_restated_ends_as_the_restatement_imported_alone(
+        bills: Any, tmp_path: Path) -> None:
+    """The real sample, then a restatement of it: a third of its rows under other tags, some
+    under another service category, some with new amounts, all in reverse order (split lines
+    of one identity trade their numbers, and so their tags). Net spend by every tag is then
+    that of the restatement imported alone into a fresh namespace."""
+    with SAMPLE.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    restated = []
+    for index, original in enumerate(rows):
+        row = dict(original)
+        if index % 3 == 0:
+            row["Tags"] = json.dumps({"application": f"moved-{index % 5}",
+                                      "environment": "restated"})
+        if index % 7 == 0:
+            row["ServiceCategory"] = "Compute" if row["ServiceCategory"] == "Storage" \
+                else "Storage"
+        if index % 11 == 0:
+            for column in ("BilledCost", "EffectiveCost"):
+                row[column] = str(Decimal(row[column]) * Decimal("1.1"))
+        restated.append(row)
+    restatement = _file(tmp_path / "restated.csv", restated[::-1])
+    both, alone = bills(), bills()
+    both.import_focus(SAMPLE)
+    done = both.import_focus(restatement)
+    alone.import_focus(restatement)
+    assert done["rows_moved"] > len(rows) // 3 and done["rows_read"] == len(rows)
+
+    def net(bill: Bill, key: str) -> dict[str, int]:
+        return {group: sums["cost"] for group, sums in bill.spend(key).items() if sums["cost"]}
+
+    for key in ("application", "environment", "business_unit", "category", "service",
+                "sub_account_name"):
+        assert net(both, key) == net(alone, key), key
+    assert net(both, "environment")["restated"] == net(alone, "environment")["restated"] > 0
+
+
 # -- out ----------------------------------------------------------------------------------------
 
 
