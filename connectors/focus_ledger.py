@@ -80,9 +80,12 @@ class RowLedger:
 
     def write(self, states: Iterable[tuple[Row, RowState]]) -> None:
         by_key: dict[str, dict[str, str]] = {}
+        months: set[str] = set()
         for row, state in states:
             by_key.setdefault(rows_key(self.namespace, row), {})[row[1]] = state.encode()
-        self._set(by_key)
+            months.add(row[0])
+        # the shapes the states name are kept as long as they are
+        self._set(by_key, [counted_shapes_key(self.namespace, month) for month in months])
 
     def attribute(self, rows: Iterable[tuple[str, Row, Attribution]],
                   replace: bool = True) -> None:
@@ -116,13 +119,16 @@ class RowLedger:
                 pipe.hdel(attribution_key(self.namespace, scope, row_id), f"{month}\t{row_id}")
             pipe.execute()
 
-    def _set(self, by_key: dict[str, dict[str, str]]) -> None:
-        """Every key's fields, each key kept ``KEEP_S`` from now: one round trip."""
+    def _set(self, by_key: dict[str, dict[str, str]], touched: Sequence[str] = ()) -> None:
+        """Every key's fields, each key (and each of ``touched``) kept ``KEEP_S`` from now:
+        one round trip."""
         if not by_key:
             return
         with self.redis.pipeline(transaction=False) as pipe:
             for key, fields in by_key.items():
                 pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                pipe.expire(key, KEEP_S)
+            for key in touched:
                 pipe.expire(key, KEEP_S)
             pipe.execute()
 

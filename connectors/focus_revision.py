@@ -1,6 +1,8 @@
 """What an import sends for a bill row, given what the row memory (``focus_ledger``) holds of
 it: the row whole the first time, then each change of its amount as one ``adjustment`` of the
-difference, and nothing while it stays the same.
+difference, and nothing while it stays the same. A row restated under another shape (other
+tags: ``focus_shape``) moves: minus what it counted under the shape it is counted under, and
+its amount under the new one, two adjustments of one step.
 
 Exports restate rows: a month-to-date export grows every day, and providers revise a day's
 usage after it ends. Counting a row again by its id would be dropped by the worker's dedup
@@ -10,9 +12,10 @@ spend follow the latest export whenever it is imported.
 The memory is written ahead. Before an import sends a row's next step, the memory says which
 amount it sets out to send (``pending``); once Kafka has acknowledged it, the step is counted.
 An import that stopped in between (Kafka or Redis away, the process killed) leaves the step
-pending, and the next import first sends exactly that step again (the same id, the same
-amount: counted once by the worker within its dedup horizon) before it compares the export
-with what was counted. Revision ``k`` of a row has the id ``<row id>:r<k>``, so a row that goes
+pending, and the next import first sends that step again as the state says it was (the same
+ids, amounts and shapes: counted once by the worker within its dedup horizon; its hours are
+those of the import's ``--spread`` choice) before it compares the export with what was
+counted. Revision ``k`` of a row has the id ``<row id>:r<k>``, so a row that goes
 back and forth gets a new id each time.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from costline.connectors.focus import Converted
 from costline.connectors.focus_shape import Shape, row_in, shape
@@ -34,7 +38,8 @@ class RowState:
     amount Kafka acknowledged (``None`` before the row itself was), the revisions acknowledged,
     the amount an import set out to send and did not see acknowledged, the export (billing
     scope) that last held it, the shape (``focus_shape``) its counted amount sits under, and
-    while a step is pending the shape that step sends it to (``""``: not known)."""
+    while a step is pending the shape that step sends the row to. A state written before
+    shapes were kept has neither (``""``)."""
 
     basis: str
     micro: int | None
@@ -63,8 +68,10 @@ class RowState:
 
     @property
     def moving(self) -> bool:
-        """While a step is pending: it moves the row from the shape it was counted under."""
-        return self.pending is not None and self.shape not in ("", self.to)
+        """While a step is pending: it moves what was counted from the shape it is under to
+        another (a revision of its amount alone otherwise)."""
+        return self.pending is not None and self.micro is not None \
+            and self.shape not in ("", self.to) and self.to != ""
 
     def held_by(self, scope: str) -> RowState:
         """This state, the row last held by the export ``scope`` (kept when ``""``)."""
@@ -74,73 +81,73 @@ class RowState:
 Sent = tuple[Converted, ...]  # what a step sends: the row, a revision, or a move's two parts
 
 
-def unfinished(row: Converted, state: RowState, shapes: Mapping[str, str]
-               ) -> tuple[Sent, RowState]:
-    """The step an earlier import set out to send and did not see acknowledged, as it was:
-    the same ids, amounts and shapes (``shapes`` holds the texts of the state's shapes), at
-    the row's times as this export gives them; and the state once Kafka has it. A state
-    written before shapes were kept sends the row as this export describes it."""
-    assert state.pending is not None
-    # The shape the step sends to, as kept before it was set out (a lost one, or a state
-    # from before shapes were kept: the row's shape now).
-    target = state.to if state.to in shapes else shape(row).id
-    there = row_in(shapes[target], row) if target in shapes else row
-    done = RowState(state.basis, state.pending, state.step, scope=row.scope or state.scope,
-                    shape=target)
-    if state.micro is None:
-        return (_whole(there, state.pending),), done
-    return _change(there, state, state.pending, shapes, done)
+class Change(NamedTuple):
+    """A row's next step: what is sent, the state while it is, and the state once Kafka has
+    it."""
+
+    sent: Sent
+    ahead: RowState
+    done: RowState
 
 
 def next_step(row: Converted, basis: str, state: RowState | None,
-              shapes: Mapping[str, str] | None = None, now: Shape | None = None
-              ) -> tuple[Sent, RowState, RowState] | None:
-    """What to send for ``row`` now, the state while it is sent, and the state once Kafka has
-    it; ``None`` when nothing changed, or when the row was counted on the other cost basis
-    (the first basis stays). ``state`` has no pending step (``unfinished`` went first);
-    ``shapes`` holds the text of its shape when the memory kept it; ``now`` is the row's
-    shape, when the caller has it already.
+              shapes: Mapping[str, str], now: Shape | None = None) -> Change | None:
+    """What to send for ``row`` now; ``None`` when nothing changed, or when the row was counted
+    on the other cost basis (the first basis stays). ``state`` has no pending step
+    (``unfinished`` went first); ``shapes`` holds the texts of the shapes it names, as the
+    memory kept them; ``now`` is the row's shape, when the caller has it already.
 
     A row counted under another shape than this export's moves: one adjustment of minus what
     was counted, under the shape it was counted under, and one of the row's amount under its
-    own. Without the old shape's text (kept only since this version) only the difference is
-    sent, under the row's shape."""
+    own. A row of no amount moves nothing: it stays where it is until it has one."""
     now = now or shape(row)
     if state is None:
-        return ((row,), RowState(basis, None).sending(row.micro, now.id),
-                RowState(basis, row.micro, scope=row.scope, shape=now.id))
+        ahead = RowState(basis, None).sending(row.micro, now.id)
+        return Change((row,), ahead, _done(ahead, row.scope))
     if state.basis != basis:
         return None
-    shapes = shapes or {}
-    if state.micro == row.micro and not _moves(state, now.id, shapes):
+    moves = state.shape not in ("", now.id)
+    if state.micro == row.micro and (not moves or row.micro == 0):
         return None
-    done = RowState(basis, row.micro, state.step, scope=row.scope or state.scope,
-                    shape=now.id)
-    sent, done = _change(row, state, row.micro, shapes, done)
-    # What the resent step must repeat: a move only if this one is.
-    counted = state.shape if _moves(state, now.id, shapes) else ""
-    return sent, replace(state.sending(row.micro, now.id), shape=counted), done
+    ahead = state.sending(row.micro, now.id)
+    return Change(_parts(row, ahead, shapes), ahead, _done(ahead, row.scope))
 
 
-def _moves(state: RowState, target: str, shapes: Mapping[str, str]) -> bool:
-    """Whether what ``state`` counted is under another shape than ``target``, one whose text
-    is known."""
-    return state.shape not in ("", target) and state.shape in shapes
+def unfinished(row: Converted, state: RowState, shapes: Mapping[str, str]
+               ) -> tuple[Sent, RowState]:
+    """The step an earlier import set out to send and did not see acknowledged, as the state
+    says it was: the same ids, amounts and shapes (``shapes`` holds the texts of those it
+    names), at the row's times as this export gives them; and the state once Kafka has it.
+    A step set out before shapes were kept goes under the row's shape now."""
+    assert state.pending is not None
+    ahead = state if state.to else replace(state, to=shape(row).id)
+    there = row_in(shapes[ahead.to], row) if ahead.to in shapes else row
+    return _parts(there, ahead, shapes), _done(ahead, row.scope)
 
 
-def _change(row: Converted, state: RowState, micro: int, shapes: Mapping[str, str],
-            done: RowState) -> tuple[Sent, RowState]:
-    """The revisions that take what ``state`` counted to ``micro`` under ``done.shape``
-    (``row`` is under it already): the difference, or a move. A part of no amount sends
-    nothing, so a move of nothing sends nothing."""
-    before = 0 if state.micro is None else state.micro
-    if not _moves(state, done.shape, shapes):
-        step = state.step + 1
-        return (_revision(row, step, micro - before),), replace(done, step=step)
-    step = state.step + 2
-    parts = (_revision(row_in(shapes[state.shape], row), step - 1, -before),
-             _revision(row, step, micro))
-    return tuple(part for part in parts if part.micro), replace(done, step=step)
+def _parts(row: Converted, ahead: RowState, shapes: Mapping[str, str]) -> Sent:
+    """What the step ``ahead`` sends, ``row`` being under its target shape: the row whole,
+    the difference, or a move. A part of no amount sends nothing. Should the memory have
+    lost the text of the shape a move starts from, its first part goes under the target
+    too: the ids stay those of a move, so a step sent before is not counted twice."""
+    assert ahead.pending is not None
+    if ahead.micro is None:
+        return (_whole(row, ahead.pending),)
+    if not ahead.moving:
+        return (_revision(row, ahead.step + 1, ahead.pending - ahead.micro),)
+    counted = shapes.get(ahead.shape)
+    parts = (_revision(row if counted is None else row_in(counted, row), ahead.step + 1,
+                       -ahead.micro),
+             _revision(row, ahead.step + 2, ahead.pending))
+    return tuple(part for part in parts if part.micro)
+
+
+def _done(ahead: RowState, scope: str) -> RowState:
+    """The state once Kafka has acknowledged the step ``ahead`` sets out."""
+    assert ahead.pending is not None
+    steps = 0 if ahead.micro is None else 2 if ahead.moving else 1
+    return RowState(ahead.basis, ahead.pending, ahead.step + steps, scope=scope or ahead.scope,
+                    shape=ahead.to)
 
 
 def _amount(micro: int) -> dict[str, object]:

@@ -1,5 +1,6 @@
 """What a bill row's money is counted under: its shape, everything its events say but their
-ids, times, resource and amounts (tags, service, category, unit, charge).
+ids, times, resource and amounts (its tags, the service among them, its kind, category,
+resource type and unit).
 
 A provider may restate a row under other tags (a cost allocation tag backfilled, a label
 corrected), another service category or sub-account name, without changing which charge it
@@ -20,10 +21,13 @@ from typing import Any
 from costline.connectors.focus import Converted
 from costline.rules.events import UsageEvent
 
-# What a row's own events say apart from its shape.
-_OWN = {"event_id", "ts", "resource_id", "cost", "quantity"}
+# What a row's own events say apart from its shape: the charge follows the amount's sign (a
+# credit is negative usage), and every revision is an adjustment whatever it was.
+_OWN = {"event_id", "ts", "resource_id", "cost", "quantity", "charge"}
 # The shape: every other field (naming them is faster than leaving the others out).
 _SHAPE = set(UsageEvent.model_fields) - _OWN
+# Own fields for a shape alone (``reshaped``).
+_NONE = {"event_id": "shape", "ts": 0, "resource_id": "shape", "cost": 0.0, "quantity": 0.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +39,17 @@ class Shape:
 
 
 def shape(row: Converted) -> Shape:
-    text = row.event.model_dump_json(exclude_none=True, include=_SHAPE)
+    return _of(row.event)
+
+
+def reshaped(text: str) -> Shape:
+    """A shape as this version writes it, from one kept by any version (an earlier one kept
+    the charge in it)."""
+    return _of(event_in(text, _NONE))
+
+
+def _of(event: UsageEvent) -> Shape:
+    text = event.model_dump_json(exclude_none=True, include=_SHAPE)
     return Shape(hashlib.blake2b(text.encode(), digest_size=8).hexdigest(), text)
 
 

@@ -53,7 +53,7 @@ class ImportTally:
         elif isinstance(outcome, tuple):
             if revised:
                 self.revised_rows += 1
-                self.moved_rows += moved
+                self.moved_rows += int(moved)
             else:
                 self.converted_rows += 1
             for part in outcome:

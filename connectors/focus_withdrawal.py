@@ -41,11 +41,11 @@ class Attribution:
     shape: str
 
 
-def attribution(row: Converted, kept: Shape | None = None) -> Attribution:
-    """What to keep of ``row`` (whose shape is ``kept``, when the caller has it)."""
-    event, kept = row.event, kept or shape(row)
-    return Attribution(f"{len(row.pieces)}\t{event.ts}\t{kept.id}\t{event.resource_id}",
-                       kept.id, kept.text)
+def attribution(row: Converted, own: Shape | None = None) -> Attribution:
+    """What to keep of ``row`` (whose shape is ``own``, when the caller has it)."""
+    event, own = row.event, own or shape(row)
+    return Attribution(f"{len(row.pieces)}\t{event.ts}\t{own.id}\t{event.resource_id}",
+                       own.id, own.text)
 
 
 def shape_of(text: str) -> str:

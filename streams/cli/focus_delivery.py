@@ -1,7 +1,8 @@
 """Where ``costline import focus`` takes converted bill rows: to Kafka with the row memory
 written ahead (``Delivery``), or, with ``--record-only``, into the row memory alone
 (``Recording``). Both take rows a chunk at a time: one round trip to Redis for a chunk's
-states, one for what it writes. Rows are named under their export (``focus_withdrawal``): those
+states, one for what it writes, and the memory keeps the shape each row is counted under
+(``focus_shape``). Rows are named under their export (``focus_withdrawal``): those
 counted anew, revised or found on another bill than before, and with ``--record-only`` or
 ``--complete`` every row not named yet; a complete delivery then withdraws the rows its exports
 no longer hold."""
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from costline.connectors.focus import Converted, CostBasis
 from costline.connectors.focus_ledger import RowLedger
-from costline.connectors.focus_revision import RowState, Sent, next_step, unfinished
-from costline.connectors.focus_shape import Shape, shape
+from costline.connectors.focus_revision import Change, RowState, next_step, unfinished
+from costline.connectors.focus_shape import Shape, reshaped, shape
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.focus_withdrawal import attribution, missing, rebuilt, shape_of
 from costline.rules.events import UsageEvent
@@ -24,10 +25,25 @@ from costline.streams.cli.produce_cmd import Summary
 CHUNK_ROWS = 2000
 
 Key = tuple[str, str]  # a row's place in the memory: (month, row id)
-# (row, its state while the step is sent, what is sent, its state once Kafka has it, and
-# the shape it is counted under then)
-Step = tuple[Key, RowState, Sent, RowState, Shape]
 Named = tuple[Converted, Key, Shape]  # a row to name under its export, and its shape
+
+
+class Step(NamedTuple):
+    """A row's next step as it is delivered: the row's place, the step, and the shapes its
+    states name (kept before it is set out, so that it can be sent again as it was)."""
+
+    key: Key
+    change: Change
+    keep: tuple[Shape, ...]
+
+
+def _step(key: Key, change: Change, own: Shape, shapes: Mapping[str, str]) -> Step:
+    """The step, with the shapes to keep: the row's own (where it goes), and the one a move
+    takes it from (whose text may have come from another row of the chunk)."""
+    ahead = change.ahead
+    moved = (Shape(ahead.shape, shapes[ahead.shape]),) \
+        if ahead.moving and ahead.shape in shapes else ()
+    return Step(key, change, (own, *moved))
 
 
 class Stream(Protocol):
@@ -119,41 +135,34 @@ class Delivery(Chunks):
 
     def deliver(self, rows: list[Converted], keys: list[Key]) -> None:
         """Each row's next step, and its name under the export that holds it now."""
-        before = self._states(keys)
         now = [shape(row) for row in rows]
-        shapes = self._counted_shapes(keys, before, now)
+        before, shapes, adopted = self._known(rows, keys, self._states(keys), now)
         states = self._send_unfinished(rows, keys, before, shapes)
         steps: list[Step] = []
         named: list[Named] = []  # as this import has them
         renamed: list[Named] = []  # named there unless they are
         unnamed: list[Named] = []  # with --complete, named unless they are
-        rescoped: list[tuple[Key, RowState]] = []  # states noted without sending anything
-        noted: list[tuple[str, Shape]] = []  # the shapes those name
+        noted: list[tuple[Key, RowState]] = []  # states written without sending anything
         gone: list[tuple[str, Key]] = []  # (the export that held it before, row)
-        for row, key, was, state, own in zip(rows, keys, before, states, now, strict=True):
+        for index, (row, key, was, state, own) in enumerate(
+                zip(rows, keys, before, states, now, strict=True)):
             if state is not None and state.pending is not None:  # still unacknowledged
                 self.tally.count_unsent()
                 continue
-            step = next_step(row, self.basis, state, shapes, own)
-            self.tally.count(None if step is None else step[0], revised=state is not None,
-                             moved=step is not None and step[1].moving)
+            change = next_step(row, self.basis, state, shapes, own)
+            self.tally.count(None if change is None else change.sent, revised=state is not None,
+                             moved=change is not None and change.ahead.moving
+                             and change.ahead.shape in shapes)
             elsewhere = on_another_bill(row, was)
-            if was is not None and elsewhere and was.scope:
+            if elsewhere and was is not None and was.scope:
                 gone.append((was.scope, key))  # taken from under the export that held it
-            if step is not None:
-                sent, ahead, done = step
-                steps.append((key, ahead.held_by(row.scope), sent, done, own))
+            if change is not None:
+                ahead = change.ahead.held_by(row.scope)
+                steps.append(_step(key, change._replace(ahead=ahead), own, shapes))
                 named.append((row, key, own))
                 continue
-            if state is not None:
-                kept = state.held_by(row.scope) if elsewhere else state
-                if not state.shape and state.basis == self.basis:
-                    # A state from before shapes were kept: as far as anything says, what
-                    # it counted is under this export's shape.
-                    kept = replace(kept, shape=own.id)
-                    noted.append((key[0], own))
-                if kept is not state:
-                    rescoped.append((key, kept))
+            if state is not None and (elsewhere or index in adopted):
+                noted.append((key, state.held_by(row.scope) if elsewhere else state))
             if elsewhere and state is not None:
                 renamed.append((row, key, own))
             else:
@@ -165,8 +174,9 @@ class Delivery(Chunks):
         if self.ledger is not None:  # named before anything is sent: a row counted can
             self._name(named, replace=True)  # always be withdrawn
             self._name(renamed + (unnamed if self.complete else []), replace=False)
-            self.ledger.keep_shapes(noted)
-            self._write(rescoped)
+            self.ledger.keep_shapes((key[0], Shape(state.shape, shapes[state.shape]))
+                                    for key, state in noted if state.shape in shapes)
+            self._write(noted)
             self.ledger.unname(gone)
         self._send_steps(steps)
 
@@ -181,41 +191,79 @@ class Delivery(Chunks):
         kept = set(here)
         left = [key for i, key in enumerate(keys) if i not in kept]
         rows, keys = [rows[i] for i in here], [keys[i] for i in here]
-        before = [before[i] for i in here]
         now = [shape(row) for row in rows]
-        shapes = self._counted_shapes(keys, before, now)
+        before, shapes, _ = self._known(rows, keys, [before[i] for i in here], now)
         states = self._send_unfinished(rows, keys, before, shapes)
         steps: list[Step] = []
         for row, key, state, own in zip(rows, keys, states, now, strict=True):
             if state is not None and state.pending is not None:
                 self.tally.count_unsent(read=False)
                 continue
-            step = next_step(row, self.basis, state, shapes, own)
-            self.tally.count_withdrawn(None if step is None else step[0])
-            if step is None:
+            change = next_step(row, self.basis, state, shapes, own)
+            self.tally.count_withdrawn(None if change is None else change.sent)
+            if change is None:
                 left.append(key)
             else:
-                steps.append((key, step[1], step[0], step[2], own))
+                steps.append(_step(key, change, own, shapes))
         if self.stream is None or self.ledger is None:
             return
         self.ledger.unname((scope, key) for key in left)
         if self._send_steps(steps):
-            self.ledger.unname((scope, step[0]) for step in steps)
+            self.ledger.unname((scope, step.key) for step in steps)
 
     def _states(self, keys: list[Key]) -> list[RowState | None]:
         return self.ledger.states(keys) if self.ledger else [None] * len(keys)
 
-    def _counted_shapes(self, keys: list[Key], states: list[RowState | None],
-                        now: list[Shape]) -> dict[str, str]:
-        """The texts of the shapes the rows are under, may move from, or a pending step sends
-        them to (what their states name, read from the memory)."""
-        known = {own.id: own.text for own in now}
+    def _known(self, rows: list[Converted], keys: list[Key], states: list[RowState | None],
+               now: list[Shape]) -> tuple[list[RowState | None], dict[str, str], set[int]]:
+        """The rows' states, states from before shapes were kept given one (``_adopt``); the
+        texts of the shapes those name, by id (the rows' own, and what the memory kept); and
+        the indexes of the states given one."""
+        states = list(states)
+        shapes = {own.id: own.text for own in now}
+        adopted = self._adopt(rows, keys, states, now, shapes)
         wanted = {(key[0], named) for key, state in zip(keys, states, strict=True)
                   if state is not None
-                  for named in (state.shape, state.to) if named and named not in known}
+                  for named in (state.shape, state.to) if named and named not in shapes}
         if self.ledger is not None and wanted:
-            known.update(self.ledger.counted_shapes(wanted))
-        return known
+            shapes.update(self.ledger.counted_shapes(wanted))
+        return states, shapes, adopted
+
+    def _adopt(self, rows: list[Converted], keys: list[Key], states: list[RowState | None],
+               now: list[Shape], shapes: dict[str, str]) -> set[int]:
+        """States written before shapes were kept take the shape their export last named the
+        row under (its attribution: the shape of the last step sent for it), or without one
+        this export's: as far as anything says, what they counted is under it. A step they
+        left pending goes under it too. Changes ``states`` and ``shapes``; returns the
+        indexes it changed."""
+        legacy = {index: state for index, state in enumerate(states)
+                  if state is not None and state.basis == self.basis
+                  and not (state.to if state.pending is not None else state.shape)}
+        named = self._named_shapes([(state.scope or rows[index].scope, keys[index])
+                                    for index, state in legacy.items()])
+        for (index, state), found in zip(legacy.items(), named, strict=True):
+            taken = found or now[index]
+            shapes[taken.id] = taken.text
+            states[index] = replace(state, to=taken.id) if state.pending is not None \
+                else replace(state, shape=taken.id)
+        return set(legacy)
+
+    def _named_shapes(self, rows: list[tuple[str, Key]]) -> list[Shape | None]:
+        """The shape each row is named under in its export: (scope, row)."""
+        found: list[Shape | None] = [None] * len(rows)
+        if self.ledger is None or not rows:
+            return found
+        by_scope: dict[str, list[int]] = {}
+        for index, (scope, _) in enumerate(rows):
+            if scope:
+                by_scope.setdefault(scope, []).append(index)
+        for scope, indexes in by_scope.items():
+            texts = self.ledger.attributions(scope, [rows[i][1] for i in indexes])
+            kept = self.ledger.shapes(scope, [shape_of(text) for text in texts if text])
+            for index, text in zip(indexes, texts, strict=True):
+                if text and shape_of(text) in kept:
+                    found[index] = reshaped(kept[shape_of(text)])
+        return found
 
     def _send_unfinished(self, rows: list[Converted], keys: list[Key],
                          states: list[RowState | None], shapes: Mapping[str, str]
@@ -228,22 +276,26 @@ class Delivery(Chunks):
         if not again or (self.stream is not None and not self._sent(
                 [part for sent, _ in again.values() for part in sent])):
             return states
+        if self.ledger is not None and self.stream is not None:
+            self.ledger.keep_shapes((keys[index][0], Shape(done.shape, shapes[done.shape]))
+                                    for index, (_, done) in again.items()
+                                    if done.shape in shapes)
         self._write((keys[index], done) for index, (_, done) in again.items())
         self.tally.resent_rows += len(again)
         return [again[index][1] if index in again else state
                 for index, state in enumerate(states)]
 
     def _send_steps(self, steps: list[Step]) -> bool:
-        """Keep the shape each step counts its row under, mark the step pending, send it, and
-        count it once Kafka has acknowledged it."""
+        """Keep the shapes each step's states name, mark the step pending, send it, and count
+        it once Kafka has acknowledged it."""
         if not steps:
             return True
         if self.ledger is not None and self.stream is not None:
-            self.ledger.keep_shapes((key[0], own) for key, _, _, _, own in steps)
-        self._write((key, ahead) for key, ahead, _, _, _ in steps)
-        if not self._sent([part for _, _, sent, _, _ in steps for part in sent]):
+            self.ledger.keep_shapes((step.key[0], kept) for step in steps for kept in step.keep)
+        self._write((step.key, step.change.ahead) for step in steps)
+        if not self._sent([part for step in steps for part in step.change.sent]):
             return False
-        self._write((key, done) for key, _, _, done, _ in steps)
+        self._write((step.key, step.change.done) for step in steps)
         return True
 
     def _name(self, rows: list[Named], replace: bool) -> None:

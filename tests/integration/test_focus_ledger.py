@@ -9,7 +9,7 @@ import secrets
 import pytest
 
 from costline.connectors.focus import Converted, CostBasis, FocusConverter
-from costline.connectors.focus_ledger import RowLedger
+from costline.connectors.focus_ledger import KEEP_S, RowLedger, counted_shapes_key
 from costline.connectors.focus_revision import RowState
 from costline.connectors.focus_shape import shape
 from costline.connectors.focus_withdrawal import attribution, rebuilt
@@ -59,6 +59,10 @@ def test_named_rows_read_back_whole_per_scope(any_redis_url: str) -> None:
             wanted = [("2024-09", k.id) for k in kept] + [("2024-09", "0" * 16),
                                                            ("2024-08", next(iter(kept)).id)]
             assert ledger.counted_shapes(wanted) == {k.id: k.text for k in kept}
+            shapes_key = counted_shapes_key(namespace, "2024-09")
+            redis.expire(shapes_key, 60)
+            ledger.write([(row_key(rows[0]), RowState("effective", 1))])
+            assert redis.ttl(shapes_key) > KEEP_S - 60  # kept as long as the states
             ledger.unname([(rows[7].scope, row_key(rows[7]))])
             assert row_key(rows[7]) not in ledger.scope_rows(rows[7].scope)
             assert len(ledger.scope_rows(rows[7].scope)) == len(by_scope[rows[7].scope]) - 1

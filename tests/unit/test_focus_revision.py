@@ -45,11 +45,11 @@ def test_the_states_round_trip() -> None:
 
 def test_a_new_row_is_sent_whole_and_the_same_again_sends_nothing() -> None:
     first = converted()
-    (sent,), ahead, done = next_step(first, "effective", None)  # type: ignore[misc]
+    (sent,), ahead, done = next_step(first, "effective", None, {})  # type: ignore[misc]
     assert sent is first and done == RowState("effective", 10_250_000, shape=shape(first).id)
     assert ahead == RowState("effective", None, pending=10_250_000, to=shape(first).id)
-    assert next_step(converted(), "effective", done) is None
-    assert next_step(converted(), "billed", done) is None  # the first basis stays
+    assert next_step(converted(), "effective", done, {}) is None
+    assert next_step(converted(), "billed", done, {}) is None  # the first basis stays
 
 
 @pytest.mark.parametrize(("before", "now", "delta"), [
@@ -61,7 +61,7 @@ def test_a_revised_row_sends_its_difference_as_an_adjustment(
         before: str, now: str, delta: int) -> None:
     first = converted(before)
     step = next_step(converted(now), "effective",
-                     RowState("effective", first.micro, 3, shape=shape(first).id))
+                     RowState("effective", first.micro, 3, shape=shape(first).id), {})
     assert step is not None
     (sent,), _, done = step
     assert (sent.micro, done) == (delta, RowState("effective", first.micro + delta, 4,
@@ -96,14 +96,14 @@ def test_a_spread_rows_difference_is_spread_over_its_hours() -> None:
     now = converted("48.000024", spread=True, **day)
     assert len(now.events) == 24
     (sent,), _, _ = next_step(now, "effective",  # type: ignore[misc]
-                              RowState("effective", before.micro))
+                              RowState("effective", before.micro), {})
     assert [(e.ts, e.charge) for e in sent.events] == \
         [(e.ts, ChargeKind.adjustment) for e in now.events]
     hourly = [micro_of(a) + micro_of(b) for a, b in zip(before.events, sent.events, strict=True)]
     assert hourly == [micro_of(e) for e in now.events]  # 2.000001 an hour
     # A difference smaller than a micro-unit an hour lands where the split puts it.
     (tiny,), _, _ = next_step(now, "effective",  # type: ignore[misc]
-                              RowState("effective", now.micro - 5))
+                              RowState("effective", now.micro - 5), {})
     assert [(e.event_id, micro_of(e)) for e in tiny.events] == \
         [(f"{now.event.event_id}:r1/23", 5)]
 
