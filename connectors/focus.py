@@ -33,7 +33,7 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from functools import lru_cache
 
-from costline.connectors.focus_spread import hours_of, split_micro
+from costline.connectors.focus_spread import HOUR, hours_of, split_micro
 from costline.connectors.focus_vocabulary import (
     COLUMN_TAGS,
     CURRENCY_TAG,
@@ -302,6 +302,18 @@ def pieces_of(event: UsageEvent, hours: list[datetime], micro: int) -> tuple[Usa
         for index, (hour, share) in enumerate(zip(hours, split_micro(micro, len(hours)),
                                                   strict=True))
     )
+
+
+def in_form(row: Converted, hours: int) -> Converted:
+    """``row`` as one event (``hours`` 0) or spread over ``hours`` hours from its time, as an
+    import with the other ``--spread`` choice made it: the same ids for the same form."""
+    if hours == len(row.pieces):
+        return row
+    if not hours:
+        return Converted(row.event, row.micro, (), row.scope)
+    start = parse_time(str(row.event.ts))
+    spread = [start + index * HOUR for index in range(hours)]
+    return Converted(row.event, row.micro, pieces_of(row.event, spread, row.micro), row.scope)
 
 
 def resource_id_of(row: Mapping[str, str]) -> str:

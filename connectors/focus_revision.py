@@ -13,10 +13,9 @@ The memory is written ahead. Before an import sends a row's next step, the memor
 amount it sets out to send (``pending``); once Kafka has acknowledged it, the step is counted.
 An import that stopped in between (Kafka or Redis away, the process killed) leaves the step
 pending, and the next import first sends that step again as the state says it was (the same
-ids, amounts and shapes: counted once by the worker within its dedup horizon; its hours are
-those of the import's ``--spread`` choice) before it compares the export with what was
-counted. Revision ``k`` of a row has the id ``<row id>:r<k>``, so a row that goes
-back and forth gets a new id each time.
+ids, amounts, shapes and form, one event or one per hour: counted once by the worker within
+its dedup horizon) before it compares the export with what was counted. Revision ``k`` of a
+row has the id ``<row id>:r<k>``, so a row that goes back and forth gets a new id each time.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from costline.connectors.focus import Converted
+from costline.connectors.focus import Converted, in_form
 from costline.connectors.focus_shape import Shape, row_in, shape
 from costline.connectors.focus_spread import split_micro
 from costline.rules.events import ChargeKind, UsageEvent
@@ -38,8 +37,8 @@ class RowState:
     amount Kafka acknowledged (``None`` before the row itself was), the revisions acknowledged,
     the amount an import set out to send and did not see acknowledged, the export (billing
     scope) that last held it, the shape (``focus_shape``) its counted amount sits under, and
-    while a step is pending the shape that step sends the row to. A state written before
-    shapes were kept has neither (``""``)."""
+    while a step is pending the shape that step sends the row to and the hours it is spread
+    over (0: one event). A state written before shapes were kept has no shape (``""``)."""
 
     basis: str
     micro: int | None
@@ -48,10 +47,11 @@ class RowState:
     scope: str = ""
     shape: str = ""
     to: str = ""
+    hours: int = 0
 
     def encode(self) -> str:
         parts = [self.basis, _text(self.micro), str(self.step), _text(self.pending),
-                 self.scope, self.shape, self.to]
+                 self.scope, self.shape, self.to, str(self.hours or "")]
         while len(parts) > 4 and not parts[-1]:
             parts.pop()
         return ":".join(parts)
@@ -59,12 +59,14 @@ class RowState:
     @classmethod
     def decode(cls, text: str) -> RowState:
         basis, micro, step, pending, *rest = text.split(":")
-        scope, shape, to = (*rest, "", "", "")[:3]
-        return cls(basis, _number(micro), int(step), _number(pending), scope, shape, to)
+        scope, shape, to, hours = (*rest, "", "", "", "")[:4]
+        return cls(basis, _number(micro), int(step), _number(pending), scope, shape, to,
+                   int(hours or 0))
 
-    def sending(self, micro: int, to: str) -> RowState:
-        """This state while ``micro`` is being sent under the shape ``to``."""
-        return replace(self, pending=micro, to=to)
+    def sending(self, row: Converted, to: str) -> RowState:
+        """This state while ``row``'s amount is being sent, in its form, under the shape
+        ``to``."""
+        return replace(self, pending=row.micro, to=to, hours=len(row.pieces))
 
     @property
     def moving(self) -> bool:
@@ -102,14 +104,14 @@ def next_step(row: Converted, basis: str, state: RowState | None,
     own. A row of no amount moves nothing: it stays where it is until it has one."""
     now = now or shape(row)
     if state is None:
-        ahead = RowState(basis, None).sending(row.micro, now.id)
+        ahead = RowState(basis, None).sending(row, now.id)
         return Change((row,), ahead, _done(ahead, row.scope))
     if state.basis != basis:
         return None
     moves = state.shape not in ("", now.id)
     if state.micro == row.micro and (not moves or row.micro == 0):
         return None
-    ahead = state.sending(row.micro, now.id)
+    ahead = state.sending(row, now.id)
     return Change(_parts(row, ahead, shapes), ahead, _done(ahead, row.scope))
 
 
@@ -117,10 +119,13 @@ def unfinished(row: Converted, state: RowState, shapes: Mapping[str, str]
                ) -> tuple[Sent, RowState]:
     """The step an earlier import set out to send and did not see acknowledged, as the state
     says it was: the same ids, amounts and shapes (``shapes`` holds the texts of those it
-    names), at the row's times as this export gives them; and the state once Kafka has it.
-    A step set out before shapes were kept goes under the row's shape now."""
+    names), in the form it was set out in (one event, or spread over its hours: whatever
+    this import's ``--spread``), at the row's times as this export gives them; and the state
+    once Kafka has it. A step set out before shapes were kept goes under the row's shape
+    now, and before forms were kept in this import's form."""
     assert state.pending is not None
-    ahead = state if state.to else replace(state, to=shape(row).id)
+    ahead = state if state.to else replace(state, to=shape(row).id, hours=len(row.pieces))
+    row = in_form(row, ahead.hours)
     there = row_in(shapes[ahead.to], row) if ahead.to in shapes else row
     return _parts(there, ahead, shapes), _done(ahead, row.scope)
 

@@ -23,9 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from costline.connectors.focus import Converted, parse_time, pieces_of
+from costline.connectors.focus import Converted, in_form
 from costline.connectors.focus_shape import Shape, event_in, shape
-from costline.connectors.focus_spread import HOUR
 
 Row = tuple[str, str]  # (month YYYY-MM, row id), as in focus_ledger
 
@@ -53,6 +52,11 @@ def shape_of(text: str) -> str:
     return text.split("\t", 3)[2]
 
 
+def hours_of(text: str) -> int:
+    """The hours the row an attribution's text names was spread over (0: one event)."""
+    return int(text.split("\t", 1)[0])
+
+
 def rebuilt(row_id: str, text: str, shapes: Mapping[str, str], scope: str) -> Converted:
     """The row ``attribution`` kept, as an export holding it at zero would convert it: its
     event and, when spread, one piece per hour under the same ids."""
@@ -60,9 +64,7 @@ def rebuilt(row_id: str, text: str, shapes: Mapping[str, str], scope: str) -> Co
     event = event_in(shapes[shape_id], {"event_id": row_id, "ts": ts,
                                         "resource_id": resource_id, "cost": 0.0,
                                         "quantity": 0.0})
-    start = parse_time(ts)
-    spread = [start + index * HOUR for index in range(int(hours))]
-    return Converted(event, 0, pieces_of(event, spread, 0) if spread else (), scope)
+    return in_form(Converted(event, 0, (), scope), int(hours))
 
 
 def missing(named: Iterable[Row], held: set[Row], skipped_ids: set[str]) -> list[Row]:

@@ -18,7 +18,13 @@ from costline.connectors.focus_ledger import RowLedger
 from costline.connectors.focus_revision import Change, RowState, next_step, unfinished
 from costline.connectors.focus_shape import Shape, reshaped, shape
 from costline.connectors.focus_tally import ImportTally
-from costline.connectors.focus_withdrawal import attribution, missing, rebuilt, shape_of
+from costline.connectors.focus_withdrawal import (
+    attribution,
+    hours_of,
+    missing,
+    rebuilt,
+    shape_of,
+)
 from costline.rules.events import UsageEvent
 from costline.streams.cli.produce_cmd import Summary
 
@@ -234,23 +240,23 @@ class Delivery(Chunks):
         """States written before shapes were kept take the shape their export last named the
         row under (its attribution: the shape of the last step sent for it), or without one
         this export's: as far as anything says, what they counted is under it. A step they
-        left pending goes under it too. Changes ``states`` and ``shapes``; returns the
-        indexes it changed."""
+        left pending goes under it too, in the form it was named in. Changes ``states`` and
+        ``shapes``; returns the indexes it changed."""
         legacy = {index: state for index, state in enumerate(states)
                   if state is not None and state.basis == self.basis
                   and not (state.to if state.pending is not None else state.shape)}
         named = self._named_shapes([(state.scope or rows[index].scope, keys[index])
                                     for index, state in legacy.items()])
         for (index, state), found in zip(legacy.items(), named, strict=True):
-            taken = found or now[index]
+            taken, hours = found or (now[index], len(rows[index].pieces))
             shapes[taken.id] = taken.text
-            states[index] = replace(state, to=taken.id) if state.pending is not None \
-                else replace(state, shape=taken.id)
+            states[index] = replace(state, to=taken.id, hours=hours) \
+                if state.pending is not None else replace(state, shape=taken.id)
         return set(legacy)
 
-    def _named_shapes(self, rows: list[tuple[str, Key]]) -> list[Shape | None]:
-        """The shape each row is named under in its export: (scope, row)."""
-        found: list[Shape | None] = [None] * len(rows)
+    def _named_shapes(self, rows: list[tuple[str, Key]]) -> list[tuple[Shape, int] | None]:
+        """The shape and the hours each row is named under in its export: (scope, row)."""
+        found: list[tuple[Shape, int] | None] = [None] * len(rows)
         if self.ledger is None or not rows:
             return found
         by_scope: dict[str, list[int]] = {}
@@ -262,7 +268,7 @@ class Delivery(Chunks):
             kept = self.ledger.shapes(scope, [shape_of(text) for text in texts if text])
             for index, text in zip(indexes, texts, strict=True):
                 if text and shape_of(text) in kept:
-                    found[index] = reshaped(kept[shape_of(text)])
+                    found[index] = (reshaped(kept[shape_of(text)]), hours_of(text))
         return found
 
     def _send_unfinished(self, rows: list[Converted], keys: list[Key],

@@ -226,3 +226,38 @@ def test_a_row_of_no_amount_or_a_change_of_sign_is_not_a_move() -> None:
     account.import_([bill_row("i-1", "3", Tags=team("b")),
                      bill_row("i-2", "-1", Tags=team("a"))], complete=False)
     assert account.kafka.by("team") == {"a": -1_000_000, "b": 3_000_000}
+
+
+DAY = {"ChargePeriodStart": "2024-09-18 00:00:00", "ChargePeriodEnd": "2024-09-19 00:00:00",
+       "ChargeFrequency": "Recurring"}
+
+
+def test_a_step_is_resent_in_the_form_it_was_set_out_in_whatever_this_imports_spread(
+) -> None:
+    """Taken by the broker without a word, spread over 24 hours (or as one event); resent by
+    an import with the other ``--spread`` choice: the same ids, counted once."""
+    for spread_first in (True, False):
+        for tags in (team("a"), team("b")):  # a revision, and a move
+            account = Account()
+            account.import_([bill_row("i-1", "24", Tags=team("a"), **DAY)], complete=False,
+                            spread=spread_first)
+            account.kafka.unanswered = True
+            account.import_([bill_row("i-1", "30", Tags=tags, **DAY)], complete=False,
+                            spread=spread_first)
+            account.kafka.unanswered = False
+            tally = account.import_([bill_row("i-1", "30", Tags=tags, **DAY)],
+                                    complete=False, spread=not spread_first)
+            assert tally.resent_rows == 1
+            assert account.kafka.by("team") == {tags[10]: 30_000_000}, (spread_first, tags)
+
+
+def test_an_older_pending_spread_step_is_resent_spread() -> None:
+    account = Account()
+    account.import_([bill_row("i-1", "24", Tags=team("a"), **DAY)], complete=False, spread=True)
+    account.kafka.unanswered = True
+    account.import_([bill_row("i-1", "30", Tags=team("a"), **DAY)], complete=False,
+                    spread=True)
+    account.kafka.unanswered = False
+    as_older_costline(account)  # its export named it spread when the step was set out
+    account.import_([bill_row("i-1", "30", Tags=team("a"), **DAY)], complete=False)
+    assert account.kafka.by("team") == {"a": 30_000_000}
