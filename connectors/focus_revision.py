@@ -36,9 +36,10 @@ class RowState:
     """What the row memory holds of one bill row: on which cost basis it was counted, the
     amount Kafka acknowledged (``None`` before the row itself was), the revisions acknowledged,
     the amount an import set out to send and did not see acknowledged, the export (billing
-    scope) that last held it, the shape (``focus_shape``) its counted amount sits under, and
-    while a step is pending the shape that step sends the row to and the hours it is spread
-    over (0: one event). A state written before shapes were kept has no shape (``""``)."""
+    scope) that last held it, the shape (``focus_shape``) its counted amount sits under,
+    while a step is pending the shape that step sends the row to, and the form its amount is
+    counted and sent in: the hours it is spread over (0: one event). A state written before
+    shapes were kept has no shape (``""``), nor a form."""
 
     basis: str
     micro: int | None
@@ -64,7 +65,7 @@ class RowState:
                    int(hours or 0))
 
     def sending(self, row: Converted, to: str) -> RowState:
-        """This state while ``row``'s amount is being sent, in its form, under the shape
+        """This state while ``row``'s amount is being sent, in the row's form, under the shape
         ``to``."""
         return replace(self, pending=row.micro, to=to, hours=len(row.pieces))
 
@@ -101,13 +102,16 @@ def next_step(row: Converted, basis: str, state: RowState | None,
 
     A row counted under another shape than this export's moves: one adjustment of minus what
     was counted, under the shape it was counted under, and one of the row's amount under its
-    own. A row of no amount moves nothing: it stays where it is until it has one."""
+    own. A row of no amount moves nothing: it stays where it is until it has one. A row is
+    revised in the form it was counted in, whatever this import's ``--spread`` (the first
+    form stays, as the first basis does): each of its hours follows the bill."""
     now = now or shape(row)
     if state is None:
         ahead = RowState(basis, None).sending(row, now.id)
         return Change((row,), ahead, _done(ahead, row.scope))
     if state.basis != basis:
         return None
+    row = in_form(row, state.hours)
     moves = state.shape not in ("", now.id)
     if state.micro == row.micro and (not moves or row.micro == 0):
         return None
@@ -121,8 +125,8 @@ def unfinished(row: Converted, state: RowState, shapes: Mapping[str, str]
     says it was: the same ids, amounts and shapes (``shapes`` holds the texts of those it
     names), in the form it was set out in (one event, or spread over its hours: whatever
     this import's ``--spread``), at the row's times as this export gives them; and the state
-    once Kafka has it. A step set out before shapes were kept goes under the row's shape
-    now, and before forms were kept in this import's form."""
+    once Kafka has it. A step set out before shapes and forms were kept goes under the row's
+    shape now, in this import's form."""
     assert state.pending is not None
     ahead = state if state.to else replace(state, to=shape(row).id, hours=len(row.pieces))
     row = in_form(row, ahead.hours)
@@ -152,7 +156,7 @@ def _done(ahead: RowState, scope: str) -> RowState:
     assert ahead.pending is not None
     steps = 0 if ahead.micro is None else 2 if ahead.moving else 1
     return RowState(ahead.basis, ahead.pending, ahead.step + steps, scope=scope or ahead.scope,
-                    shape=ahead.to)
+                    shape=ahead.to, hours=ahead.hours)
 
 
 def _amount(micro: int) -> dict[str, object]:

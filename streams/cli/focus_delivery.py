@@ -237,11 +237,11 @@ class Delivery(Chunks):
 
     def _adopt(self, rows: list[Converted], keys: list[Key], states: list[RowState | None],
                now: list[Shape], shapes: dict[str, str]) -> set[int]:
-        """States written before shapes were kept take the shape their export last named the
-        row under (its attribution: the shape of the last step sent for it), or without one
-        this export's: as far as anything says, what they counted is under it. A step they
-        left pending goes under it too, in the form it was named in. Changes ``states`` and
-        ``shapes``; returns the indexes it changed."""
+        """States written before shapes were kept take the shape and the form their export
+        last named the row in (its attribution: those of the last step sent for it), or
+        without one this export's: as far as anything says, what they counted is there. A
+        step they left pending goes there too. Changes ``states`` and ``shapes``; returns
+        the indexes it changed."""
         legacy = {index: state for index, state in enumerate(states)
                   if state is not None and state.basis == self.basis
                   and not (state.to if state.pending is not None else state.shape)}
@@ -251,7 +251,7 @@ class Delivery(Chunks):
             taken, hours = found or (now[index], len(rows[index].pieces))
             shapes[taken.id] = taken.text
             states[index] = replace(state, to=taken.id, hours=hours) \
-                if state.pending is not None else replace(state, shape=taken.id)
+                if state.pending is not None else replace(state, shape=taken.id, hours=hours)
         return set(legacy)
 
     def _named_shapes(self, rows: list[tuple[str, Key]]) -> list[tuple[Shape, int] | None]:
@@ -347,7 +347,8 @@ class Recording(Chunks):
         elsewhere = [(key, row, state) for key, row, state in zip(keys, rows, states, strict=True)
                      if state is not None and on_another_bill(row, state)]
         self.ledger.write([*((key, RowState(self.basis, row.micro, scope=row.scope,
-                                            shape=own.id)) for key, row, own in new),
+                                            shape=own.id, hours=len(row.pieces)))
+                             for key, row, own in new),
                            *((key, state.held_by(row.scope)) for key, row, state in elsewhere)])
         self.ledger.unname((state.scope, key) for key, _, state in elsewhere if state.scope)
         self.tally.rows += len(rows)

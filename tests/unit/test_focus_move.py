@@ -261,3 +261,20 @@ def test_an_older_pending_spread_step_is_resent_spread() -> None:
     as_older_costline(account)  # its export named it spread when the step was set out
     account.import_([bill_row("i-1", "30", Tags=team("a"), **DAY)], complete=False)
     assert account.kafka.by("team") == {"a": 30_000_000}
+
+
+def test_a_row_is_revised_in_the_form_it_was_counted_in() -> None:
+    """The first form stays, as the first cost basis does: a row counted as one event is
+    revised as one, one counted hour by hour is revised hour by hour, whatever a later
+    import's ``--spread``; so each hour keeps what the bill says of it."""
+    for spread_first in (True, False):
+        account = Account()
+        account.import_([bill_row("i-1", "24", Tags=team("a"), **DAY)], complete=False,
+                        spread=spread_first)
+        counted = set(account.kafka.counted)
+        account.import_([bill_row("i-1", "48", Tags=team("b"), **DAY)], complete=False,
+                        spread=not spread_first)
+        sent = [k for k in account.kafka.counted if k not in counted]
+        assert len(sent) == (48 if spread_first else 2)
+        assert all(("/" in k) == spread_first for k in sent)
+        assert account.kafka.by("team") == {"b": 48_000_000}

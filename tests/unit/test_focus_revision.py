@@ -79,14 +79,15 @@ def test_an_unfinished_step_is_sent_again_as_it_was() -> None:
     (whole,), done = unfinished(now, RowState("effective", None, 0, 12_000_000), {})
     assert [e.event_id for e in whole.events] == [e.event_id for e in now.events]
     assert sum(micro_of(e) for e in whole.events) == 12_000_000
-    assert done == RowState("effective", 12_000_000, shape=shape(now).id)
+    assert done == RowState("effective", 12_000_000, shape=shape(now).id, hours=len(now.pieces))
     (again,), done = unfinished(now, RowState("effective", 10_000_000, 2, 12_000_000), {})
     assert (again.event.event_id, micro_of(again.event)) == (now.event.event_id + ":r3",
                                                              2_000_000)
     assert [e.event_id for e in again.events] == \
         [f"{now.event.event_id}:r3/{i}" for i in range(len(now.events))]
     assert sum(micro_of(e) for e in again.events) == 2_000_000
-    assert done == RowState("effective", 12_000_000, 3, shape=shape(now).id)
+    assert done == RowState("effective", 12_000_000, 3, shape=shape(now).id,
+                            hours=len(now.pieces))
 
 
 def test_a_spread_rows_difference_is_spread_over_its_hours() -> None:
@@ -96,14 +97,14 @@ def test_a_spread_rows_difference_is_spread_over_its_hours() -> None:
     now = converted("48.000024", spread=True, **day)
     assert len(now.events) == 24
     (sent,), _, _ = next_step(now, "effective",  # type: ignore[misc]
-                              RowState("effective", before.micro), {})
+                              RowState("effective", before.micro, hours=24), {})
     assert [(e.ts, e.charge) for e in sent.events] == \
         [(e.ts, ChargeKind.adjustment) for e in now.events]
     hourly = [micro_of(a) + micro_of(b) for a, b in zip(before.events, sent.events, strict=True)]
     assert hourly == [micro_of(e) for e in now.events]  # 2.000001 an hour
     # A difference smaller than a micro-unit an hour lands where the split puts it.
     (tiny,), _, _ = next_step(now, "effective",  # type: ignore[misc]
-                              RowState("effective", now.micro - 5), {})
+                              RowState("effective", now.micro - 5, hours=24), {})
     assert [(e.event_id, micro_of(e)) for e in tiny.events] == \
         [(f"{now.event.event_id}:r1/23", 5)]
 
