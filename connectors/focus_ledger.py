@@ -12,7 +12,7 @@ Each row with a billing period is also named under its export (``focus.billing_s
 ``{NS:focus:scope:<scope>:SS}:attribution`` maps ``<month>\t<row id>`` to what
 ``focus_withdrawal`` needs to withdraw the row should a later export of its billing period no
 longer hold it (its hours, time, resource and shape), and ``{NS:focus:scope:<scope>}:shapes``
-the shapes (tags, service, charge) by id. ``{NS:focus:YYYY-MM}:shapes`` keeps, by id, the
+the shapes (tags, category, unit) by id. ``{NS:focus:YYYY-MM}:shapes`` keeps, by id, the
 shapes the month's rows are counted under (``focus_shape``): a row a later export restates
 under another one is moved from it. Kept as long as the states.
 """

@@ -26,8 +26,9 @@ from costline.rules.events import UsageEvent
 _OWN = {"event_id", "ts", "resource_id", "cost", "quantity", "charge"}
 # The shape: every other field (naming them is faster than leaving the others out).
 _SHAPE = set(UsageEvent.model_fields) - _OWN
-# Own fields for a shape alone (``reshaped``).
-_NONE = {"event_id": "shape", "ts": 0, "resource_id": "shape", "cost": 0.0, "quantity": 0.0}
+# Stand-ins for the own fields, to read a shape alone (``reshaped``).
+_PLACEHOLDER_OWN = {"event_id": "shape", "ts": 0, "resource_id": "shape", "cost": 0.0,
+                    "quantity": 0.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ def shape(row: Converted) -> Shape:
 def reshaped(text: str) -> Shape:
     """A shape as this version writes it, from one kept by any version (an earlier one kept
     the charge in it)."""
-    return _of(event_in(text, _NONE))
+    return _of(event_in(text, _PLACEHOLDER_OWN))
 
 
 def _of(event: UsageEvent) -> Shape:

@@ -52,8 +52,9 @@ def shape_of(text: str) -> str:
     return text.split("\t", 3)[2]
 
 
-def hours_of(text: str) -> int:
-    """The hours the row an attribution's text names was spread over (0: one event)."""
+def form_of(text: str) -> int:
+    """The form of the row an attribution's text names: the hours it is counted over (0: one
+    event)."""
     return int(text.split("\t", 1)[0])
 
 

@@ -13,14 +13,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import NamedTuple, Protocol
 
-from costline.connectors.focus import Converted, CostBasis
+from costline.connectors.focus import Converted, CostBasis, in_form
 from costline.connectors.focus_ledger import RowLedger
 from costline.connectors.focus_revision import Change, RowState, next_step, unfinished
 from costline.connectors.focus_shape import Shape, reshaped, shape
 from costline.connectors.focus_tally import ImportTally
 from costline.connectors.focus_withdrawal import (
     attribution,
-    hours_of,
+    form_of,
     missing,
     rebuilt,
     shape_of,
@@ -165,14 +165,16 @@ class Delivery(Chunks):
             if change is not None:
                 ahead = change.ahead.held_by(row.scope)
                 steps.append(_step(key, change._replace(ahead=ahead), own, shapes))
-                named.append((row, key, own))
+                named.append((in_form(row, change.done.hours), key, own))
                 continue
             if state is not None and (elsewhere or index in adopted):
                 noted.append((key, state.held_by(row.scope) if elsewhere else state))
+            # named in the form it is counted in (the first form stays)
+            form = row if state is None else in_form(row, state.hours)
             if elsewhere and state is not None:
-                renamed.append((row, key, own))
+                renamed.append((form, key, own))
             else:
-                unnamed.append((row, key, own))
+                unnamed.append((form, key, own))
             if state is not None and state.basis != self.basis:
                 self.tally.other_basis_rows += 1
         if self.stream is None:
@@ -242,9 +244,9 @@ class Delivery(Chunks):
         without one this export's: as far as anything says, what they counted is there. A
         step they left pending goes there too. Changes ``states`` and ``shapes``; returns
         the indexes it changed."""
-        legacy = {index: state for index, state in enumerate(states)
-                  if state is not None and state.basis == self.basis
-                  and not (state.to if state.pending is not None else state.shape)}
+        legacy = {index: state for index, state in enumerate(states) if state is not None and (
+            not state.to if state.pending is not None  # resent whatever its basis
+            else not state.shape and state.basis == self.basis)}
         named = self._named_shapes([(state.scope or rows[index].scope, keys[index])
                                     for index, state in legacy.items()])
         for (index, state), found in zip(legacy.items(), named, strict=True):
@@ -268,7 +270,7 @@ class Delivery(Chunks):
             kept = self.ledger.shapes(scope, [shape_of(text) for text in texts if text])
             for index, text in zip(indexes, texts, strict=True):
                 if text and shape_of(text) in kept:
-                    found[index] = (reshaped(kept[shape_of(text)]), hours_of(text))
+                    found[index] = (reshaped(kept[shape_of(text)]), form_of(text))
         return found
 
     def _send_unfinished(self, rows: list[Converted], keys: list[Key],

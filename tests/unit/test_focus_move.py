@@ -278,3 +278,20 @@ def test_a_row_is_revised_in_the_form_it_was_counted_in() -> None:
         assert len(sent) == (48 if spread_first else 2)
         assert all(("/" in k) == spread_first for k in sent)
         assert account.kafka.by("team") == {"b": 48_000_000}
+
+
+def test_an_older_pending_step_on_the_other_cost_basis_is_resent_in_its_own_form() -> None:
+    five = {"ChargePeriodStart": "2024-09-18 00:00:00",
+            "ChargePeriodEnd": "2024-09-18 05:00:00", "ChargeFrequency": "Recurring"}
+    billed = CostBasis.billed
+    account = Account()
+    account.import_([bill_row("i-1", "1", BilledCost="1", **five)], complete=False,
+                    spread=True, basis=billed)
+    account.kafka.unanswered = True
+    account.import_([bill_row("i-1", "2", BilledCost="2", **five)], complete=False,
+                    spread=True, basis=billed)
+    account.kafka.unanswered = False
+    as_older_costline(account)  # an older costline left it pending, spread over 5 hours
+    for _ in range(2):
+        account.import_([bill_row("i-1", "2", BilledCost="2", **five)], complete=False)
+    assert account.total == 2_000_000
