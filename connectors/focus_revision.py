@@ -78,7 +78,7 @@ class RowState:
 
     def held_by(self, scope: str) -> RowState:
         """This state, the row last held by the export ``scope`` (kept when ``""``)."""
-        return replace(self, scope=scope or self.scope)
+        return self if scope in ("", self.scope) else replace(self, scope=scope)
 
 
 Sent = tuple[Converted, ...]  # what a step sends: the row, a revision, or a move's two parts
@@ -107,7 +107,8 @@ def next_step(row: Converted, basis: str, state: RowState | None,
     form stays, as the first basis does): each of its hours follows the bill."""
     now = now or shape(row)
     if state is None:
-        ahead = RowState(basis, None).sending(row, now.id)
+        ahead = RowState(basis, None, pending=row.micro, scope=row.scope, to=now.id,
+                         hours=len(row.pieces))
         return Change((row,), ahead, _done(ahead, row.scope))
     if state.basis != basis:
         return None

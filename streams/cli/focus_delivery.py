@@ -164,7 +164,9 @@ class Delivery(Chunks):
                 gone.append((was.scope, key))  # taken from under the export that held it
             if change is not None:
                 ahead = change.ahead.held_by(row.scope)
-                steps.append(_step(key, change._replace(ahead=ahead), own, shapes))
+                if ahead is not change.ahead:
+                    change = change._replace(ahead=ahead)
+                steps.append(_step(key, change, own, shapes))
                 named.append((in_form(row, change.done.hours), key, own))
                 continue
             if state is not None and (elsewhere or index in adopted):
