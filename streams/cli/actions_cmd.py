@@ -68,22 +68,20 @@ def status_report(pause: Any, plans: list[Any], now: float,
     from costline.rules.kinds.idle import IdleRule
     from costline.rules.reclaim import due_time
 
-    def due(tracked: Any) -> float:
-        rule = rules.get(tracked.plan.rule) if rules is not None else None
-        return due_time(tracked, rule if isinstance(rule, IdleRule) else None)
+    def row(tracked: Any) -> dict[str, Any]:
+        plan, rule = tracked.plan, rules.get(tracked.plan.rule) if rules is not None else None
+        due = due_time(tracked, rule if isinstance(rule, IdleRule) else None)
+        return {"plan_id": plan.plan_id, "rule": plan.rule, "resource_id": plan.resource_id,
+                "connector": plan.connector, "mode": plan.mode, "state": tracked.state,
+                "execute_at": rfc3339(due), "due": due <= now,
+                "approved_by": tracked.approved_by}
 
     return {
         "paused": pause is not None,
         "paused_by": getattr(pause, "by", None),
         "paused_at": rfc3339(pause.at) if pause is not None else None,
         "reason": getattr(pause, "reason", None),
-        "plans": [
-            {"plan_id": t.plan.plan_id, "rule": t.plan.rule, "resource_id": t.plan.resource_id,
-             "connector": t.plan.connector, "mode": t.plan.mode, "state": t.state,
-             "execute_at": rfc3339(due(t)), "due": due(t) <= now,
-             "approved_by": t.approved_by}
-            for t in plans
-        ],
+        "plans": [row(t) for t in plans],
     }
 
 

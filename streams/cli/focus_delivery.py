@@ -169,7 +169,8 @@ class Delivery(Chunks):
                 steps.append(_step(key, change, own, shapes))
                 named.append((in_form(row, change.done.hours), key, own))
                 continue
-            if state is not None and (elsewhere or index in adopted):
+            # an adopted state resent just now was written then
+            if state is not None and (elsewhere or (index in adopted and state is was)):
                 noted.append((key, state.held_by(row.scope) if elsewhere else state))
             # named in the form it is counted in (the first form stays)
             form = row if state is None else in_form(row, state.hours)
